@@ -1,0 +1,26 @@
+//! The Tessera wire protocol.
+//!
+//! * [`msg`]: the request and response messages (postcard-encoded headers).
+//! * [`frame`]: length-prefixed frames: a fixed prefix, the header, then the raw payload (stripe
+//!   bytes travel as-is, never re-encoded).
+//! * [`auth`]: the handshake that proves both ends know the cluster secret.
+//! * [`rpc`]: a multiplexed connection (many requests in flight, matched by request id) and the
+//!   serving loop used by the manager and the storage servers.
+//! * [`pool`]: reusable stripe-sized buffers, so payloads land in warm memory.
+
+pub mod auth;
+pub mod frame;
+pub mod msg;
+pub mod pool;
+pub mod rpc;
+
+pub use auth::{AuthError, Secret};
+pub use frame::{FrameError, Limits};
+pub use msg::*;
+pub use pool::BufferPool;
+pub use rpc::{serve, serve_connection, Handler, RpcClient, RpcConfig, RpcError};
+
+/// Version of the protocol spoken by this build; both ends must agree.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// First bytes of every connection.
+pub const MAGIC: [u8; 4] = *b"TSRA";

@@ -1,0 +1,334 @@
+//! Messages. A request or response frame carries one of these as its header; bulk data (stripe
+//! contents) travels beside it as the frame's raw payload.
+
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+pub use tessera_placement::{Epoch, Ino, NodeId, PartitionId, PartitionTable};
+
+/// A file name component: raw bytes, as POSIX allows (no '/', no NUL, at most [`NAME_MAX`]).
+pub type Name = Vec<u8>;
+/// Longest name component, as on Linux.
+pub const NAME_MAX: usize = 255;
+/// Largest number of entries a server returns for one [`Op::DirList`].
+pub const DIR_PAGE_MAX: u32 = 1024;
+
+/// A point in time with nanoseconds, as POSIX timestamps are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
+pub struct Timespec {
+    pub secs: i64,
+    pub nanos: u32,
+}
+
+impl Timespec {
+    #[must_use]
+    pub fn now() -> Self {
+        Self::from(SystemTime::now())
+    }
+}
+
+impl From<SystemTime> for Timespec {
+    fn from(t: SystemTime) -> Self {
+        match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => Self { secs: d.as_secs() as i64, nanos: d.subsec_nanos() },
+            Err(e) => {
+                let d = e.duration();
+                if d.subsec_nanos() == 0 {
+                    Self { secs: -(d.as_secs() as i64), nanos: 0 }
+                } else {
+                    Self { secs: -(d.as_secs() as i64) - 1, nanos: 1_000_000_000 - d.subsec_nanos() }
+                }
+            }
+        }
+    }
+}
+
+impl From<Timespec> for SystemTime {
+    fn from(t: Timespec) -> Self {
+        if t.secs >= 0 {
+            UNIX_EPOCH + Duration::new(t.secs as u64, t.nanos)
+        } else {
+            UNIX_EPOCH - Duration::from_secs(t.secs.unsigned_abs()) + Duration::from_nanos(u64::from(t.nanos))
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+}
+
+/// An inode: lives in the partition [`tessera_placement::meta_partition`] of its number.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inode {
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Permission bits, including setuid, setgid and sticky (`0o7777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// File size in bytes: the largest extent written or the size set by truncate.
+    pub size: u64,
+    pub nlink: u32,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    /// For a directory, its parent (the root is its own parent); 0 otherwise.
+    pub parent: Ino,
+    /// For a symbolic link, its target.
+    pub target: Vec<u8>,
+    /// Open handles across all clients: an unlinked file keeps its data until this is zero.
+    pub open_count: u32,
+}
+
+/// A directory entry, stored in the partition of the directory's inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub ino: Ino,
+    pub kind: FileKind,
+}
+
+/// Attribute changes; `None` leaves a field as it is. `ctime` is always set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// Sets the inode's size only; the client drops the stripes beyond it with
+    /// [`Op::TruncateStripes`].
+    pub size: Option<u64>,
+    pub atime: Option<Timespec>,
+    pub mtime: Option<Timespec>,
+    pub ctime: Timespec,
+}
+
+/// Operations a storage server performs. Every one is routed by the partition of its key
+/// (stripe or inode) under the table epoch the request carries; the server recomputes the
+/// partition and refuses a request for a partition it does not hold at that epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    /// Write the payload at `offset` inside a stripe (creating it; a gap reads as zeros).
+    /// Applied atomically: a concurrent read sees all of it or none. Reply: `Ok`.
+    WriteStripe { file: Ino, stripe: u64, offset: u32 },
+    /// Read up to `len` bytes at `offset` in a stripe. The reply payload may be shorter than
+    /// `len` (or empty) where the stripe holds less: the client fills holes with zeros up to the
+    /// file size. Reply: `Ok` with payload.
+    ReadStripe { file: Ino, stripe: u64, offset: u32, len: u32 },
+    /// Node-wide: cut every stripe of `file` held here to end at byte `size` of the file.
+    TruncateStripes { file: Ino, size: u64 },
+    /// Node-wide: delete every stripe of `file` held here.
+    DropFile { file: Ino },
+    /// Create an inode; `Exists` if the number is taken. Reply: `Ok`.
+    InodeCreate { inode: Inode },
+    /// Reply: `Inode`.
+    InodeGet { ino: Ino },
+    /// Reply: `Inode` (the updated one).
+    InodeSetAttr { ino: Ino, attr: SetAttr },
+    /// Raise the size to at least `size` and set mtime/ctime (a writer's flush). Reply: `Inode`.
+    InodeExtend { ino: Ino, size: u64, mtime: Timespec },
+    /// Add `delta` to the link count. When links and open handles both reach zero the server
+    /// deletes the inode and answers `drop_data: true`. Reply: `Links`.
+    InodeLink { ino: Ino, delta: i32, ctime: Timespec },
+    /// Count an open handle and return the inode (close-to-open: attributes fetched at open).
+    InodeOpen { ino: Ino },
+    /// Release an open handle; may delete an unlinked inode (`drop_data`). Reply: `Links`.
+    InodeClose { ino: Ino },
+    /// Add an entry to directory `dir` (whose inode lives on this node); with `replace`, an
+    /// existing entry is replaced when POSIX rename allows it (file over file, dir over dir) and
+    /// returned. Errors: `NotFound` (no such dir), `NotDir`, `Exists`, `IsDir`/`NotDir` on a kind
+    /// mismatch. Updates the directory's mtime. Reply: `Replaced`.
+    DirInsert { dir: Ino, name: Name, entry: DirEntry, replace: bool, mtime: Timespec },
+    /// Remove an entry; `expect` guards against a concurrent change, `want_dir` enforces
+    /// unlink (`Some(false)` -> `IsDir`) or rmdir (`Some(true)` -> `NotDir`). Reply: `Entry`.
+    DirRemove { dir: Ino, name: Name, expect: Option<Ino>, want_dir: Option<bool>, mtime: Timespec },
+    /// Reply: `Entry`, or `NotFound`.
+    DirLookup { dir: Ino, name: Name },
+    /// Entries of `dir` in name order, after `after`, at most `limit` (capped at
+    /// [`DIR_PAGE_MAX`]). Reply: `Entries`.
+    DirList { dir: Ino, after: Option<Name>, limit: u32 },
+    /// Rename within one directory, atomically. Same replace rules as `DirInsert`.
+    /// Reply: `Replaced` (the entry that was overwritten, if any).
+    DirRename { dir: Ino, from: Name, to: Name, replace: bool, mtime: Timespec },
+    /// rmdir's second half: delete directory inode `dir` if it has no entries (`NotEmpty`
+    /// otherwise). From then on inserts into it fail with `NotFound`. Reply: `Ok`.
+    DirDestroy { dir: Ino },
+    /// Reply: `Stats`.
+    NodeStats,
+}
+
+/// Requests. Storage servers answer `Op`; the manager answers the rest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    Op { epoch: Epoch, op: Op },
+    /// A storage server joins. Reply: `Registered`.
+    Register { addr: SocketAddr, capacity: u64, label: Option<String> },
+    /// Reply: `HeartbeatAck`.
+    Heartbeat { node: NodeId, stats: NodeStats },
+    /// Reply: `Table`, or `NotReady` until the expected servers have joined.
+    GetTable,
+    /// Reply: `Status`.
+    GetStatus,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    Ok,
+    Inode(Inode),
+    Links { nlink: u32, drop_data: bool },
+    Entry(DirEntry),
+    Replaced(Option<DirEntry>),
+    Entries { entries: Vec<(Name, DirEntry)>, more: bool },
+    Stats(NodeStats),
+    Registered { node: NodeId, config: ClusterConfig },
+    HeartbeatAck { epoch: Option<Epoch> },
+    Table(TableInfo),
+    Status(ClusterStatus),
+    Error(ErrorCode),
+}
+
+/// Errors carried in a response. File-system errors map one to one onto POSIX errnos.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ErrorCode {
+    #[error("routed with a stale partition table (server is at epoch {current})")]
+    StaleEpoch { current: Epoch },
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("file exists")]
+    Exists,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("no space left on the cluster")]
+    NoSpace,
+    #[error("file name too long")]
+    NameTooLong,
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("cluster not ready: {0}")]
+    NotReady(String),
+    #[error("server error: {0}")]
+    Internal(String),
+}
+
+impl ErrorCode {
+    /// The POSIX errno a file-system client reports for this error.
+    #[must_use]
+    pub fn errno(&self) -> i32 {
+        match self {
+            Self::NotFound => 2,       // ENOENT
+            Self::Exists => 17,        // EEXIST
+            Self::NotDir => 20,        // ENOTDIR
+            Self::IsDir => 21,         // EISDIR
+            Self::NotEmpty => 39,      // ENOTEMPTY
+            Self::NoSpace => 28,       // ENOSPC
+            Self::NameTooLong => 36,   // ENAMETOOLONG
+            Self::Invalid(_) => 22,    // EINVAL
+            Self::StaleEpoch { .. } | Self::NotReady(_) => 11, // EAGAIN
+            Self::Internal(_) => 5,    // EIO
+        }
+    }
+}
+
+/// Cluster-wide settings fixed when the cluster is created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterConfig {
+    pub partitions: u32,
+    pub stripe_size: u32,
+    pub replication: u8,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAddr {
+    pub id: NodeId,
+    pub addr: SocketAddr,
+}
+
+/// Everything a client or server needs to route requests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableInfo {
+    pub config: ClusterConfig,
+    pub table: PartitionTable,
+    pub nodes: Vec<NodeAddr>,
+}
+
+/// Counters a storage server reports with each heartbeat.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStats {
+    /// Configured memory capacity, bytes.
+    pub capacity: u64,
+    /// Bytes held in stripes and metadata.
+    pub used: u64,
+    pub stripes: u64,
+    pub inodes: u64,
+    /// Requests being served right now (a load signal for replica choice).
+    pub load: u32,
+    pub reads: u64,
+    pub writes: u64,
+    pub meta_ops: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    pub id: NodeId,
+    pub addr: SocketAddr,
+    pub label: Option<String>,
+    pub alive: bool,
+    pub since_heartbeat_ms: u64,
+    /// Partition copies this node holds in the current table.
+    pub partitions: u32,
+    pub stats: NodeStats,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub config: ClusterConfig,
+    pub epoch: Option<Epoch>,
+    pub expected_servers: u32,
+    pub nodes: Vec<NodeStatus>,
+}
+
+/// Validates one name component.
+pub fn check_name(name: &[u8]) -> Result<(), ErrorCode> {
+    if name.len() > NAME_MAX {
+        return Err(ErrorCode::NameTooLong);
+    }
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
+        return Err(ErrorCode::Invalid(format!(
+            "bad file name {:?}",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timespec_round_trip() {
+        for t in [
+            Timespec { secs: 0, nanos: 0 },
+            Timespec { secs: 1_700_000_000, nanos: 123_456_789 },
+            Timespec { secs: -5, nanos: 500 },
+        ] {
+            assert_eq!(Timespec::from(SystemTime::from(t)), t);
+        }
+    }
+
+    #[test]
+    fn names() {
+        assert!(check_name(b"a.txt").is_ok());
+        assert_eq!(check_name(&[b'x'; 256]), Err(ErrorCode::NameTooLong));
+        for bad in [&b""[..], b".", b"..", b"a/b", b"a\0"] {
+            assert!(matches!(check_name(bad), Err(ErrorCode::Invalid(_))));
+        }
+    }
+}

@@ -1,0 +1,401 @@
+//! Multiplexed RPC over one TCP connection.
+//!
+//! A client keeps any number of requests in flight on one connection; a reader task matches
+//! responses to waiting callers by request id. A server answers the requests of one connection
+//! in the order they arrived (store operations are in-memory and short), so a client's writes
+//! on one connection apply in the order it sent them, while a writer task streams responses
+//! back concurrently with reading.
+
+use crate::auth::{client_handshake, server_handshake, AuthError, Secret};
+use crate::frame::{encode_head, read_frame, FrameError, FrameKind, Limits};
+use crate::msg::{Request, Response};
+use crate::pool::BufferPool;
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, warn};
+
+const IO_BUF: usize = 256 << 10;
+const SEND_QUEUE: usize = 512;
+
+/// Settings shared by every connection of a process.
+#[derive(Debug)]
+pub struct RpcConfig {
+    pub secret: Secret,
+    pub limits: Limits,
+    /// Where received payloads are read into.
+    pub pool: Arc<BufferPool>,
+    pub connect_timeout: Duration,
+    /// How long a caller waits for a response before giving up on it.
+    pub request_timeout: Duration,
+}
+
+impl RpcConfig {
+    #[must_use]
+    pub fn new(secret: Secret, pool: Arc<BufferPool>) -> Self {
+        Self {
+            secret,
+            limits: Limits::default(),
+            pool,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    #[error("cannot connect to {addr}: {source}")]
+    Connect { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot connect to {addr}: {source}")]
+    Auth { addr: SocketAddr, source: AuthError },
+    #[error("connection to {addr} lost: {reason}")]
+    Closed { addr: SocketAddr, reason: String },
+    #[error("request to {addr} got no answer within {after:?}")]
+    Timeout { addr: SocketAddr, after: Duration },
+    #[error("cannot encode request: {0}")]
+    Encode(String),
+}
+
+struct Outgoing {
+    head: Vec<u8>,
+    payload: Bytes,
+}
+
+type Reply = Result<(Response, Bytes), RpcError>;
+
+#[derive(Default)]
+struct Pending {
+    waiting: HashMap<u64, oneshot::Sender<Reply>>,
+    /// Set once the connection is gone; no new request may wait after that.
+    closed: Option<String>,
+}
+
+struct Shared {
+    addr: SocketAddr,
+    pending: Mutex<Pending>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn close(&self, reason: String) {
+        let mut p = self.lock();
+        if p.closed.is_none() {
+            p.closed = Some(reason.clone());
+        }
+        for (_, w) in p.waiting.drain() {
+            let _ = w.send(Err(RpcError::Closed { addr: self.addr, reason: reason.clone() }));
+        }
+    }
+}
+
+/// A connection to a manager or storage server. Cheap to share (`&self` calls run concurrently).
+pub struct RpcClient {
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Outgoing>,
+    next_id: AtomicU64,
+    request_timeout: Duration,
+}
+
+impl RpcClient {
+    /// Connects and authenticates with the cluster secret.
+    pub async fn connect(addr: SocketAddr, cfg: &RpcConfig) -> Result<Self, RpcError> {
+        let mut stream = tokio::time::timeout(cfg.connect_timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| RpcError::Connect {
+                addr,
+                source: std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
+            })?
+            .map_err(|source| RpcError::Connect { addr, source })?;
+        let _ = stream.set_nodelay(true);
+        client_handshake(&mut stream, &cfg.secret)
+            .await
+            .map_err(|source| RpcError::Auth { addr, source })?;
+        let (rd, wr) = stream.into_split();
+        let shared = Arc::new(Shared { addr, pending: Mutex::default() });
+        let (tx, rx) = mpsc::channel(SEND_QUEUE);
+        let w_shared = shared.clone();
+        tokio::spawn(async move {
+            if let Err(e) = write_loop(wr, rx).await {
+                w_shared.close(format!("write failed: {e}"));
+            }
+        });
+        let r_shared = shared.clone();
+        let (limits, pool) = (cfg.limits, cfg.pool.clone());
+        tokio::spawn(async move {
+            let mut rd = BufReader::with_capacity(IO_BUF, rd);
+            let reason = loop {
+                let frame = match read_frame(&mut rd, limits, &pool).await {
+                    Ok(Some(f)) => f,
+                    Ok(None) => break "closed by peer".to_string(),
+                    Err(e) => break e.to_string(),
+                };
+                if frame.kind != FrameKind::Response {
+                    break "peer sent a request on a client connection".to_string();
+                }
+                let resp: Response = match postcard::from_bytes(&frame.header) {
+                    Ok(r) => r,
+                    Err(e) => break format!("undecodable response: {e}"),
+                };
+                // A missing waiter timed out; its late answer is dropped.
+                let waiter = r_shared.lock().waiting.remove(&frame.id);
+                if let Some(w) = waiter {
+                    let _ = w.send(Ok((resp, frame.payload)));
+                }
+            };
+            debug!(addr = %r_shared.addr, "connection ended: {reason}");
+            r_shared.close(reason);
+        });
+        Ok(Self { shared, tx, next_id: AtomicU64::new(1), request_timeout: cfg.request_timeout })
+    }
+
+    /// Sends a request with a raw payload and waits for its response.
+    pub async fn call(&self, req: &Request, payload: Bytes) -> Result<(Response, Bytes), RpcError> {
+        let addr = self.shared.addr;
+        let header = postcard::to_allocvec(req).map_err(|e| RpcError::Encode(e.to_string()))?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let head = encode_head(id, FrameKind::Request, &header, payload.len())
+            .map_err(|e| RpcError::Encode(e.to_string()))?;
+        let (wtx, wrx) = oneshot::channel();
+        {
+            let mut p = self.shared.lock();
+            if let Some(reason) = &p.closed {
+                return Err(RpcError::Closed { addr, reason: reason.clone() });
+            }
+            p.waiting.insert(id, wtx);
+        }
+        if self.tx.send(Outgoing { head, payload }).await.is_err() {
+            self.shared.lock().waiting.remove(&id);
+            return Err(RpcError::Closed { addr, reason: "writer stopped".into() });
+        }
+        match tokio::time::timeout(self.request_timeout, wrx).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(_)) => Err(RpcError::Closed { addr, reason: "connection dropped".into() }),
+            Err(_) => {
+                self.shared.lock().waiting.remove(&id);
+                Err(RpcError::Timeout { addr, after: self.request_timeout })
+            }
+        }
+    }
+
+    /// True once the connection is gone; a new one must be made.
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.shared.lock().closed.is_some()
+    }
+
+    #[must_use]
+    pub fn peer(&self) -> SocketAddr {
+        self.shared.addr
+    }
+}
+
+async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>) -> std::io::Result<()> {
+    let mut w = BufWriter::with_capacity(IO_BUF, wr);
+    while let Some(mut out) = rx.recv().await {
+        // Batch whatever is queued into as few syscalls as possible, flush when idle.
+        loop {
+            w.write_all(&out.head).await?;
+            if !out.payload.is_empty() {
+                w.write_all(&out.payload).await?;
+            }
+            match rx.try_recv() {
+                Ok(next) => out = next,
+                Err(_) => break,
+            }
+        }
+        w.flush().await?;
+    }
+    w.shutdown().await
+}
+
+/// Serves requests. `handle` runs once per request, in arrival order within a connection.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(&self, req: Request, payload: Bytes) -> (Response, Bytes);
+}
+
+/// Accepts connections until the listener fails; each one is served on its own task.
+pub async fn serve(listener: TcpListener, cfg: Arc<RpcConfig>, handler: Arc<dyn Handler>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let (cfg, handler) = (cfg.clone(), handler.clone());
+                tokio::spawn(async move { serve_connection(stream, peer, &cfg, handler).await });
+            }
+            Err(e) => {
+                // Typically EMFILE: back off instead of spinning.
+                warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Authenticates and serves one connection until it closes or misbehaves. A malformed frame
+/// ends this connection only, with a logged error.
+pub async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, cfg: &RpcConfig, handler: Arc<dyn Handler>) {
+    let _ = stream.set_nodelay(true);
+    if let Err(e) = server_handshake(&mut stream, &cfg.secret).await {
+        warn!(%peer, "refused connection: {e}");
+        return;
+    }
+    let (rd, wr) = stream.into_split();
+    let (tx, rx) = mpsc::channel(SEND_QUEUE);
+    let writer = tokio::spawn(write_loop(wr, rx));
+    let mut rd = BufReader::with_capacity(IO_BUF, rd);
+    loop {
+        let frame = match read_frame(&mut rd, cfg.limits, &cfg.pool).await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(FrameError::Io(e)) => {
+                debug!(%peer, "connection ended: {e}");
+                break;
+            }
+            Err(e) => {
+                warn!(%peer, "closing connection: {e}");
+                break;
+            }
+        };
+        if frame.kind != FrameKind::Request {
+            warn!(%peer, "closing connection: a response frame where a request was expected");
+            break;
+        }
+        let req: Request = match postcard::from_bytes(&frame.header) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(%peer, "closing connection: malformed request: {e}");
+                break;
+            }
+        };
+        let (resp, payload) = handler.handle(req, frame.payload);
+        let head = postcard::to_allocvec(&resp)
+            .map_err(|e| e.to_string())
+            .and_then(|h| encode_head(frame.id, FrameKind::Response, &h, payload.len()).map_err(|e| e.to_string()));
+        match head {
+            Ok(head) => {
+                if tx.send(Outgoing { head, payload }).await.is_err() {
+                    break;
+                }
+            }
+            Err(e) => {
+                warn!(%peer, "closing connection: cannot encode a response: {e}");
+                break;
+            }
+        }
+    }
+    drop(tx);
+    match writer.await {
+        Ok(Err(e)) => debug!(%peer, "writer ended: {e}"),
+        Err(e) => warn!(%peer, "writer task failed: {e}"),
+        Ok(Ok(())) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msg::{ErrorCode, Op};
+    use tokio::io::AsyncReadExt;
+
+    /// Echoes the payload back; `NodeStats` answers an error.
+    struct Echo;
+    impl Handler for Echo {
+        fn handle(&self, req: Request, payload: Bytes) -> (Response, Bytes) {
+            match req {
+                Request::Op { op: Op::NodeStats, .. } => (Response::Error(ErrorCode::NotFound), Bytes::new()),
+                _ => (Response::Ok, payload),
+            }
+        }
+    }
+
+    fn cfg(secret: &str) -> Arc<RpcConfig> {
+        Arc::new(RpcConfig::new(Secret::new(secret), Arc::new(BufferPool::new(1 << 20, 8))))
+    }
+
+    async fn start(secret: &str) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(serve(l, cfg(secret), Arc::new(Echo)));
+        addr
+    }
+
+    const GET: Request = Request::GetTable;
+
+    #[tokio::test]
+    async fn many_requests_in_flight() {
+        let addr = start("k").await;
+        let c = Arc::new(RpcClient::connect(addr, &cfg("k")).await.unwrap());
+        let calls = (0..200u32).map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                let payload = Bytes::from(vec![i as u8; (i as usize) * 997]);
+                let (resp, back) = c.call(&GET, payload.clone()).await.unwrap();
+                assert_eq!(resp, Response::Ok);
+                assert_eq!(back, payload);
+            })
+        });
+        for t in calls {
+            t.await.unwrap();
+        }
+        let (resp, _) = c.call(&Request::Op { epoch: 1, op: Op::NodeStats }, Bytes::new()).await.unwrap();
+        assert_eq!(resp, Response::Error(ErrorCode::NotFound));
+    }
+
+    #[tokio::test]
+    async fn wrong_secret_is_refused() {
+        let addr = start("right").await;
+        match RpcClient::connect(addr, &cfg("wrong")).await {
+            Err(RpcError::Auth { source: AuthError::Refused, .. }) => {}
+            other => panic!("expected refusal, got {:?}", other.err()),
+        }
+    }
+
+    #[tokio::test]
+    async fn malformed_frame_closes_only_its_connection() {
+        let addr = start("k").await;
+        let good = RpcClient::connect(addr, &cfg("k")).await.unwrap();
+        // A raw, authenticated connection that sends a frame whose header is not a request.
+        let mut raw = TcpStream::connect(addr).await.unwrap();
+        client_handshake(&mut raw, &Secret::new("k")).await.unwrap();
+        let head = encode_head(1, FrameKind::Request, &[0xff, 0xff, 0xff], 0).unwrap();
+        raw.write_all(&head).await.unwrap();
+        let mut buf = [0u8; 16];
+        assert_eq!(raw.read(&mut buf).await.unwrap(), 0, "server closed the bad connection");
+        // A truncated frame, then hang-up, also ends only that connection.
+        let mut raw2 = TcpStream::connect(addr).await.unwrap();
+        client_handshake(&mut raw2, &Secret::new("k")).await.unwrap();
+        raw2.write_all(&head[..5]).await.unwrap();
+        drop(raw2);
+        let (resp, back) = good.call(&GET, Bytes::from_static(b"still here")).await.unwrap();
+        assert_eq!((resp, &back[..]), (Response::Ok, &b"still here"[..]));
+    }
+
+    #[tokio::test]
+    async fn dead_peer_fails_pending_and_later_calls() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            server_handshake(&mut s, &Secret::new("k")).await.unwrap();
+            // Read one request, then vanish without answering.
+            let mut buf = [0u8; 64];
+            let _ = s.read(&mut buf).await;
+        });
+        let c = RpcClient::connect(addr, &cfg("k")).await.unwrap();
+        let err = c.call(&GET, Bytes::new()).await.unwrap_err();
+        assert!(matches!(err, RpcError::Closed { .. }), "{err}");
+        assert!(c.is_closed());
+        assert!(matches!(c.call(&GET, Bytes::new()).await, Err(RpcError::Closed { .. })));
+        server.await.unwrap();
+    }
+}
