@@ -1,1 +1,114 @@
-//! placeholder
+//! The Tessera client library: the only code that turns file operations into stripe requests.
+//!
+//! * [`Client`] connects to the manager, caches the partition table and one multiplexed
+//!   connection per storage server, and routes every request by the partition of its key,
+//!   refreshing the table and retrying when a server answers that the epoch is stale.
+//! * [`namespace`](Client::lookup) holds the metadata operations, inode by inode (what a FUSE
+//!   layer needs) and by path (what the command line and Python need).
+//! * [`File`] is an open file: it aggregates small sequential writes into stripe-sized
+//!   requests, keeps many stripe requests in flight, reads ahead on sequential reads, and
+//!   publishes its size and mtime on flush and close (close-to-open consistency).
+
+mod error;
+mod file;
+mod namespace;
+mod path;
+mod route;
+
+pub use error::Error;
+pub use file::File;
+pub use namespace::{OpenOptions, Usage};
+pub use tessera_proto::{DirEntry, FileKind, Inode, Name, SetAttr, Timespec};
+
+use route::Router;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_proto::Secret;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How a client connects and behaves.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    pub manager: SocketAddr,
+    pub secret: Secret,
+    /// How long `connect` waits for a cluster that is still forming.
+    pub ready_timeout: Duration,
+    /// How long one request may go unanswered before it fails.
+    pub request_timeout: Duration,
+    /// Stripe writes one open file keeps in flight.
+    pub write_window: usize,
+    /// Stripes read ahead on a sequential read pattern (0 disables read-ahead).
+    pub readahead: usize,
+    /// How long a resolved directory path may be reused without asking its server again
+    /// (0 disables; like NFS's directory attribute cache).
+    pub dir_cache_ttl: Duration,
+    /// Owner given to new files and directories.
+    pub uid: u32,
+    pub gid: u32,
+    /// Applied to the mode of files and directories created by path.
+    pub umask: u32,
+}
+
+impl ClientOptions {
+    #[must_use]
+    pub fn new(manager: SocketAddr, secret: &str) -> Self {
+        // SAFETY: geteuid/getegid have no preconditions and cannot fail.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        Self {
+            manager,
+            secret: Secret::new(secret),
+            ready_timeout: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(60),
+            write_window: 16,
+            readahead: 8,
+            dir_cache_ttl: Duration::from_secs(1),
+            uid,
+            gid,
+            umask: 0o022,
+        }
+    }
+}
+
+/// A connection to a Tessera cluster. Cheap to clone; all clones share connections and caches.
+#[derive(Clone)]
+pub struct Client {
+    router: Arc<Router>,
+    dirs: Arc<path::DirCache>,
+    opts: Arc<ClientOptions>,
+}
+
+impl Client {
+    /// Connects to the manager and waits (up to `ready_timeout`) until the cluster is ready.
+    pub async fn connect(opts: ClientOptions) -> Result<Self> {
+        let router = Router::connect(&opts).await?;
+        let deadline = std::time::Instant::now() + opts.ready_timeout;
+        let client = Self {
+            router: Arc::new(router),
+            dirs: Arc::new(path::DirCache::new(opts.dir_cache_ttl)),
+            opts: Arc::new(opts),
+        };
+        // The manager creates the root right after the table; a new cluster may not have it yet.
+        loop {
+            match client.getattr(tessera_placement::ROOT_INO).await {
+                Ok(_) => return Ok(client),
+                Err(e) if e.is(&tessera_proto::ErrorCode::NotFound) && std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Stripe size of this cluster.
+    #[must_use]
+    pub fn stripe_size(&self) -> u32 {
+        self.router.config().stripe_size
+    }
+
+    /// The cluster's status, as the manager sees it.
+    pub async fn status(&self) -> Result<tessera_proto::ClusterStatus> {
+        self.router.status().await
+    }
+}

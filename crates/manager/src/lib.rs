@@ -1,1 +1,200 @@
-//! placeholder
+//! The Tessera manager: membership, heartbeats and the epoch-versioned partition table
+//! ([`state`]), the root directory, and an HTTP admin API with Prometheus metrics ([`http`]).
+//! It is never on the data path: clients fetch the table and talk to the servers directly.
+
+pub mod http;
+pub mod state;
+
+use bytes::Bytes;
+use state::State;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+use tessera_placement::{meta_partition, validate_stripe_size, ROOT_INO};
+use tessera_proto::{
+    BufferPool, ClusterConfig, ErrorCode, FileKind, Handler, Inode, Op, Request, Response, RpcClient, RpcConfig, Secret, Timespec,
+};
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+#[derive(Debug, Clone)]
+pub struct ManagerOptions {
+    pub listen: SocketAddr,
+    /// HTTP admin API (`/status`, `/table`, `/metrics`, `/health`), if wanted.
+    pub http: Option<SocketAddr>,
+    pub secret: Secret,
+    /// Bearer token the HTTP API requires (the cluster secret in clear).
+    pub http_token: String,
+    /// Servers that must join before the table is built.
+    pub expect_servers: u32,
+    pub config: ClusterConfig,
+    pub heartbeat_timeout: Duration,
+    /// Permission bits of the root directory.
+    pub root_mode: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+impl ManagerOptions {
+    fn validate(&self) -> Result<(), ManagerError> {
+        let c = &self.config;
+        let bad = |m: String| Err(ManagerError::Config(m));
+        if self.expect_servers == 0 {
+            return bad("the cluster needs at least one server (--expect)".into());
+        }
+        if c.partitions == 0 {
+            return bad("the cluster needs at least one partition".into());
+        }
+        if !(1..=3).contains(&c.replication) || u32::from(c.replication) > self.expect_servers {
+            return bad(format!("replication {} must be 1 to 3 and at most the server count {}", c.replication, self.expect_servers));
+        }
+        validate_stripe_size(u64::from(c.stripe_size)).map_err(ManagerError::Config)?;
+        Ok(())
+    }
+}
+
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    root_mode: u32,
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+pub struct RunningManager {
+    rpc_addr: SocketAddr,
+    http_addr: Option<SocketAddr>,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl RunningManager {
+    #[must_use]
+    pub fn rpc_addr(&self) -> SocketAddr {
+        self.rpc_addr
+    }
+    #[must_use]
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
+    }
+    pub async fn wait(mut self) {
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+struct ManagerHandler {
+    shared: Arc<Shared>,
+    rpc: Arc<RpcConfig>,
+}
+
+impl Handler for ManagerHandler {
+    fn handle(&self, req: Request, _payload: Bytes) -> (Response, Bytes) {
+        let now = Instant::now();
+        let resp = match req {
+            Request::Register { addr, capacity, label } => {
+                let mut st = self.shared.lock();
+                match st.register(addr, capacity, label, now) {
+                    Ok((node, built)) => {
+                        if built {
+                            tokio::spawn(create_root(self.shared.clone(), self.rpc.clone()));
+                        }
+                        Response::Registered { node, config: st.config }
+                    }
+                    Err(e) => Response::Error(e),
+                }
+            }
+            Request::Heartbeat { node, stats } => match self.shared.lock().heartbeat(node, stats, now) {
+                Ok(epoch) => Response::HeartbeatAck { epoch },
+                Err(e) => Response::Error(e),
+            },
+            Request::GetTable => {
+                match self.shared.lock().table_info() {
+                    Ok(t) => Response::Table(t.clone()),
+                    Err(e) => Response::Error(e),
+                }
+            }
+            Request::GetStatus => Response::Status(self.shared.lock().status(now)),
+            Request::Op { .. } => Response::Error(ErrorCode::Invalid("the manager serves no file operations".into())),
+        };
+        (resp, Bytes::new())
+    }
+}
+
+/// Creates the root directory on the node(s) holding its partition; retries while they catch
+/// up with the new table. (Clients wait for the root before they report ready.)
+async fn create_root(shared: Arc<Shared>, rpc: Arc<RpcConfig>) {
+    let Some(info) = shared.lock().table().cloned() else { return };
+    // SAFETY: getuid/getgid have no preconditions and cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let now = Timespec::now();
+    let inode = Inode {
+        ino: ROOT_INO,
+        kind: FileKind::Dir,
+        mode: shared.root_mode & 0o7777,
+        uid,
+        gid,
+        size: 0,
+        nlink: 2,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        parent: ROOT_INO,
+        target: Vec::new(),
+        open_count: 0,
+    };
+    let p = meta_partition(ROOT_INO, info.config.partitions);
+    let req = Request::Op { epoch: info.table.epoch(), op: Op::InodeCreate { inode } };
+    for &node in info.table.replicas(p) {
+        let Some(addr) = info.nodes.iter().find(|n| n.id == node).map(|n| n.addr) else { continue };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let reply = match RpcClient::connect(addr, &rpc).await {
+                Ok(c) => c.call(&req, Bytes::new()).await.map(|r| r.0).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match reply {
+                Ok(Response::Ok | Response::Error(ErrorCode::Exists)) => break,
+                other if Instant::now() > deadline => {
+                    warn!(node, "could not create the root directory: {other:?}");
+                    return;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+    info!("root directory created; the cluster is ready");
+}
+
+/// Binds the RPC (and HTTP) listeners and starts serving.
+pub async fn start(opts: ManagerOptions) -> Result<RunningManager, ManagerError> {
+    opts.validate()?;
+    let listener = TcpListener::bind(opts.listen).await.map_err(|source| ManagerError::Bind { addr: opts.listen, source })?;
+    let rpc_addr = listener.local_addr().map_err(|source| ManagerError::Bind { addr: opts.listen, source })?;
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State::new(opts.config, opts.expect_servers, opts.heartbeat_timeout)),
+        root_mode: opts.root_mode,
+    });
+    let rpc = Arc::new(RpcConfig::new(opts.secret.clone(), Arc::new(BufferPool::new(64 << 10, 4))));
+    let mut tasks = tokio::task::JoinSet::new();
+    let handler = Arc::new(ManagerHandler { shared: shared.clone(), rpc: rpc.clone() });
+    tasks.spawn(tessera_proto::serve(listener, rpc, handler));
+    let http_addr = match opts.http {
+        Some(addr) => {
+            let l = TcpListener::bind(addr).await.map_err(|source| ManagerError::Bind { addr, source })?;
+            let bound = l.local_addr().map_err(|source| ManagerError::Bind { addr, source })?;
+            tasks.spawn(http::serve(l, shared, opts.http_token.clone()));
+            Some(bound)
+        }
+        None => None,
+    };
+    info!(%rpc_addr, ?http_addr, expect = opts.expect_servers, "manager listening");
+    Ok(RunningManager { rpc_addr, http_addr, tasks })
+}

@@ -102,6 +102,8 @@ pub struct SetAttr {
     pub atime: Option<Timespec>,
     pub mtime: Option<Timespec>,
     pub ctime: Timespec,
+    /// A directory moved to another parent by rename (its `..`).
+    pub parent: Option<Ino>,
 }
 
 /// Operations a storage server performs. Every one is routed by the partition of its key

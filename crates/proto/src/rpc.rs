@@ -161,6 +161,12 @@ impl RpcClient {
 
     /// Sends a request with a raw payload and waits for its response.
     pub async fn call(&self, req: &Request, payload: Bytes) -> Result<(Response, Bytes), RpcError> {
+        self.send(req, payload).await?.wait().await
+    }
+
+    /// Queues a request and returns without waiting for the answer. Requests sent one after
+    /// another on one connection reach the server, and are applied, in that order.
+    pub async fn send(&self, req: &Request, payload: Bytes) -> Result<Waiter, RpcError> {
         let addr = self.shared.addr;
         let header = postcard::to_allocvec(req).map_err(|e| RpcError::Encode(e.to_string()))?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -178,14 +184,7 @@ impl RpcClient {
             self.shared.lock().waiting.remove(&id);
             return Err(RpcError::Closed { addr, reason: "writer stopped".into() });
         }
-        match tokio::time::timeout(self.request_timeout, wrx).await {
-            Ok(Ok(reply)) => reply,
-            Ok(Err(_)) => Err(RpcError::Closed { addr, reason: "connection dropped".into() }),
-            Err(_) => {
-                self.shared.lock().waiting.remove(&id);
-                Err(RpcError::Timeout { addr, after: self.request_timeout })
-            }
-        }
+        Ok(Waiter { id, rx: wrx, shared: self.shared.clone(), timeout: self.request_timeout })
     }
 
     /// True once the connection is gone; a new one must be made.
@@ -197,6 +196,28 @@ impl RpcClient {
     #[must_use]
     pub fn peer(&self) -> SocketAddr {
         self.shared.addr
+    }
+}
+
+/// The answer to a request sent with [`RpcClient::send`].
+pub struct Waiter {
+    id: u64,
+    rx: oneshot::Receiver<Reply>,
+    shared: Arc<Shared>,
+    timeout: Duration,
+}
+
+impl Waiter {
+    pub async fn wait(self) -> Result<(Response, Bytes), RpcError> {
+        let addr = self.shared.addr;
+        match tokio::time::timeout(self.timeout, self.rx).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(_)) => Err(RpcError::Closed { addr, reason: "connection dropped".into() }),
+            Err(_) => {
+                self.shared.lock().waiting.remove(&self.id);
+                Err(RpcError::Timeout { addr, after: self.timeout })
+            }
+        }
     }
 }
 

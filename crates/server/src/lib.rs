@@ -1,1 +1,164 @@
-//! placeholder
+//! The Tessera storage server: holds a node's partitions in memory ([`store`]) and serves them
+//! over the wire protocol, checking every request's table epoch and partition ownership
+//! ([`handler`]); registers with the manager and reports its statistics in heartbeats.
+
+pub mod handler;
+pub mod store;
+
+use handler::NodeHandler;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_placement::NodeId;
+use tessera_proto::{BufferPool, ClusterConfig, ErrorCode, Request, Response, RpcClient, RpcConfig, RpcError, Secret};
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+/// Idle stripe buffers a server keeps for reuse.
+const POOL_BUFFERS: usize = 256;
+/// How long a starting server keeps trying to reach the manager.
+const REGISTER_PATIENCE: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Address to listen on (port 0 picks a free port).
+    pub listen: SocketAddr,
+    /// Address to register with the manager, if not the bound one (behind NAT, 0.0.0.0 binds).
+    pub advertise: Option<SocketAddr>,
+    pub manager: SocketAddr,
+    pub secret: Secret,
+    /// Memory for stripes and metadata, bytes; past it writes fail with ENOSPC.
+    pub capacity: u64,
+    pub label: Option<String>,
+    pub heartbeat: Duration,
+}
+
+impl ServerOptions {
+    #[must_use]
+    pub fn new(listen: SocketAddr, manager: SocketAddr, secret: Secret, capacity: u64) -> Self {
+        Self { listen, advertise: None, manager, secret, capacity, label: None, heartbeat: Duration::from_millis(500) }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("the manager at {addr} refused this server: {source}")]
+    Refused { addr: SocketAddr, source: RpcError },
+    #[error("cannot reach the manager at {addr}: {reason}")]
+    Unreachable { addr: SocketAddr, reason: String },
+    #[error("the manager rejected the registration: {0}")]
+    Rejected(String),
+}
+
+/// A running server.
+pub struct RunningServer {
+    addr: SocketAddr,
+    node: NodeId,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl RunningServer {
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+    #[must_use]
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+    /// Runs until the server's tasks end (they do not, short of a panic).
+    pub async fn wait(mut self) {
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+async fn register(opts: &ServerOptions, rpc: &RpcConfig, addr: SocketAddr) -> Result<(RpcClient, NodeId, ClusterConfig), ServerError> {
+    let deadline = tokio::time::Instant::now() + REGISTER_PATIENCE;
+    let req = Request::Register { addr, capacity: opts.capacity, label: opts.label.clone() };
+    loop {
+        let attempt = async {
+            let conn = RpcClient::connect(opts.manager, rpc).await?;
+            let (resp, _) = conn.call(&req, bytes::Bytes::new()).await?;
+            Ok::<_, RpcError>((conn, resp))
+        };
+        match attempt.await {
+            Ok((conn, Response::Registered { node, config })) => return Ok((conn, node, config)),
+            Ok((_, Response::Error(e))) => return Err(ServerError::Rejected(e.to_string())),
+            Ok((_, other)) => return Err(ServerError::Rejected(format!("unexpected answer {other:?}"))),
+            Err(e @ RpcError::Auth { .. }) => return Err(ServerError::Refused { addr: opts.manager, source: e }),
+            Err(e) if tokio::time::Instant::now() > deadline => {
+                return Err(ServerError::Unreachable { addr: opts.manager, reason: e.to_string() })
+            }
+            Err(e) => {
+                warn!("manager not reachable yet ({e}); retrying");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    }
+}
+
+/// Binds, registers with the manager, and starts serving and heart-beating.
+pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
+    let listener = TcpListener::bind(opts.listen).await.map_err(|source| ServerError::Bind { addr: opts.listen, source })?;
+    let bound = listener.local_addr().map_err(|source| ServerError::Bind { addr: opts.listen, source })?;
+    let addr = opts.advertise.unwrap_or(bound);
+    // Registration happens before the stripe size is known: its pool is sized for small frames.
+    let probe = RpcConfig::new(opts.secret.clone(), Arc::new(BufferPool::new(64 << 10, 4)));
+    let (manager, node, config) = register(&opts, &probe, addr).await?;
+    info!(node, %addr, capacity = opts.capacity, "registered with the manager");
+
+    let pool = Arc::new(BufferPool::new(config.stripe_size as usize, POOL_BUFFERS));
+    let rpc = Arc::new(RpcConfig::new(opts.secret.clone(), pool.clone()));
+    let handler = Arc::new(NodeHandler::new(node, config, opts.capacity, pool));
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(tessera_proto::serve(listener, rpc.clone(), handler.clone()));
+    tasks.spawn(heartbeat(handler, manager, opts, rpc));
+    Ok(RunningServer { addr, node, tasks })
+}
+
+/// Reports statistics every `heartbeat` and installs newer tables; reconnects to the manager
+/// whenever it has to, forever.
+async fn heartbeat(handler: Arc<NodeHandler>, manager: RpcClient, opts: ServerOptions, rpc: Arc<RpcConfig>) {
+    let mut conn = Some(manager);
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(opts.heartbeat) => {}
+            () = handler.refresh_wanted() => {}
+        }
+        if conn.as_ref().is_none_or(RpcClient::is_closed) {
+            conn = match RpcClient::connect(opts.manager, &rpc).await {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    warn!("manager unreachable: {e}");
+                    continue;
+                }
+            };
+        }
+        let Some(c) = conn.as_ref() else { continue };
+        let hb = Request::Heartbeat { node: handler.node(), stats: handler.stats() };
+        let epoch = match c.call(&hb, bytes::Bytes::new()).await {
+            Ok((Response::HeartbeatAck { epoch }, _)) => epoch,
+            Ok((Response::Error(ErrorCode::NotFound), _)) => {
+                warn!("the manager no longer knows this node; it must be restarted to rejoin");
+                continue;
+            }
+            Ok((other, _)) => {
+                warn!("unexpected heartbeat answer {other:?}");
+                continue;
+            }
+            Err(e) => {
+                warn!("heartbeat failed: {e}");
+                continue;
+            }
+        };
+        if epoch.is_some() && epoch != handler.epoch() {
+            match c.call(&Request::GetTable, bytes::Bytes::new()).await {
+                Ok((Response::Table(info), _)) => handler.install(info),
+                Ok((other, _)) => warn!("could not fetch the table: {other:?}"),
+                Err(e) => warn!("could not fetch the table: {e}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,394 @@
+//! Metadata operations. Each is a short sequence of single-partition server operations; the
+//! order is chosen so that a crash in the middle leaves at worst an unreachable inode, never a
+//! directory entry pointing at nothing that could be mistaken for data.
+
+use crate::route::{unexpected, Key};
+use crate::{Client, Error, File, Result};
+use bytes::Bytes;
+use tessera_placement::{Ino, ROOT_INO};
+use tessera_proto::{check_name, DirEntry, ErrorCode, FileKind, Inode, Name, Op, Response, SetAttr, Timespec, DIR_PAGE_MAX};
+
+/// How to open a file; mirrors `std::fs::OpenOptions`.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    pub read: bool,
+    pub write: bool,
+    pub append: bool,
+    pub truncate: bool,
+    pub create: bool,
+    pub create_new: bool,
+    /// Permission bits for a new file (before the umask, for opens by path).
+    pub mode: u32,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self { read: true, write: false, append: false, truncate: false, create: false, create_new: false, mode: 0o666 }
+    }
+}
+
+impl OpenOptions {
+    /// Read only.
+    #[must_use]
+    pub fn read() -> Self {
+        Self::default()
+    }
+    /// Write, creating or truncating (like `File::create`).
+    #[must_use]
+    pub fn create() -> Self {
+        Self { read: false, write: true, truncate: true, create: true, ..Self::default() }
+    }
+    /// Read and write an existing file.
+    #[must_use]
+    pub fn read_write() -> Self {
+        Self { write: true, ..Self::default() }
+    }
+}
+
+/// Capacity and use of the whole cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub capacity: u64,
+    pub used: u64,
+    pub inodes: u64,
+    pub nodes: u32,
+}
+
+fn random_ino() -> Ino {
+    // Numbers are drawn at random and claimed with an exclusive create: unique without a
+    // central allocator. 0 and the root are never drawn.
+    loop {
+        let ino = rand::random::<u64>() >> 1;
+        if ino > ROOT_INO {
+            return ino;
+        }
+    }
+}
+
+impl Client {
+    pub(crate) async fn meta(&self, ino: Ino, op: Op) -> Result<Response> {
+        Ok(self.router.call(Key::Meta(ino), op, Bytes::new()).await?.0)
+    }
+
+    async fn meta_inode(&self, ino: Ino, op: Op) -> Result<Inode> {
+        match self.meta(ino, op).await? {
+            Response::Inode(i) => Ok(i),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Attributes of an inode.
+    pub async fn getattr(&self, ino: Ino) -> Result<Inode> {
+        self.meta_inode(ino, Op::InodeGet { ino }).await
+    }
+
+    /// The entry `name` of directory `parent`.
+    pub async fn lookup_entry(&self, parent: Ino, name: &[u8]) -> Result<DirEntry> {
+        check_name(name)?;
+        match self.meta(parent, Op::DirLookup { dir: parent, name: name.to_vec() }).await? {
+            Response::Entry(e) => Ok(e),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The inode named `name` in directory `parent`.
+    pub async fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Inode> {
+        let e = self.lookup_entry(parent, name).await?;
+        self.getattr(e.ino).await
+    }
+
+    /// Changes attributes; a new size also cuts or extends the file's data.
+    pub async fn setattr(&self, ino: Ino, attr: SetAttr) -> Result<Inode> {
+        let size = attr.size;
+        let inode = self.meta_inode(ino, Op::InodeSetAttr { ino, attr }).await?;
+        if let Some(size) = size {
+            // Cut the stripes after the size is set: readers clamp to the size, so nobody sees
+            // the old bytes past it in between.
+            self.router.broadcast(Op::TruncateStripes { file: ino, size }).await?;
+        }
+        Ok(inode)
+    }
+
+    /// One page of a directory's entries, in name order, after `after`.
+    pub async fn readdir(&self, dir: Ino, after: Option<&[u8]>, limit: u32) -> Result<(Vec<(Name, DirEntry)>, bool)> {
+        let op = Op::DirList { dir, after: after.map(<[u8]>::to_vec), limit: limit.min(DIR_PAGE_MAX) };
+        match self.meta(dir, op).await? {
+            Response::Entries { entries, more } => Ok((entries, more)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// All entries of a directory.
+    pub async fn readdir_all(&self, dir: Ino) -> Result<Vec<(Name, DirEntry)>> {
+        let mut all: Vec<(Name, DirEntry)> = Vec::new();
+        loop {
+            let after = all.last().map(|(n, _)| n.as_slice());
+            let (page, more) = self.readdir(dir, after, DIR_PAGE_MAX).await?;
+            all.extend(page);
+            if !more {
+                return Ok(all);
+            }
+        }
+    }
+
+    fn new_inode(&self, ino: Ino, kind: FileKind, mode: u32, parent: Ino, target: Vec<u8>, open: bool) -> Inode {
+        let now = Timespec::now();
+        Inode {
+            ino,
+            kind,
+            mode: mode & 0o7777,
+            uid: self.opts.uid,
+            gid: self.opts.gid,
+            size: target.len() as u64,
+            nlink: if kind == FileKind::Dir { 2 } else { 1 },
+            atime: now,
+            mtime: now,
+            ctime: now,
+            parent: if kind == FileKind::Dir { parent } else { 0 },
+            target,
+            open_count: u32::from(open),
+        }
+    }
+
+    async fn insert(&self, parent: Ino, name: &[u8], entry: DirEntry, replace: bool) -> Result<Option<DirEntry>> {
+        let op = Op::DirInsert { dir: parent, name: name.to_vec(), entry, replace, mtime: Timespec::now() };
+        match self.meta(parent, op).await? {
+            Response::Replaced(old) => Ok(old),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Creates an inode and links it into `parent`; the inode is removed again if the name
+    /// cannot be taken.
+    async fn make(&self, parent: Ino, name: &[u8], kind: FileKind, mode: u32, target: Vec<u8>, open: bool) -> Result<Inode> {
+        check_name(name)?;
+        let mut tries = 0;
+        let inode = loop {
+            let inode = self.new_inode(random_ino(), kind, mode, parent, target.clone(), open);
+            match self.meta(inode.ino, Op::InodeCreate { inode: inode.clone() }).await {
+                Ok(_) => break inode,
+                Err(e) if e.is(&ErrorCode::Exists) && tries < 8 => tries += 1,
+                Err(e) => return Err(e),
+            }
+        };
+        let entry = DirEntry { ino: inode.ino, kind };
+        if let Err(e) = self.insert(parent, name, entry, false).await {
+            self.discard(inode.ino, open).await;
+            return Err(e);
+        }
+        Ok(inode)
+    }
+
+    /// Best-effort removal of an inode that never got a name.
+    async fn discard(&self, ino: Ino, opened: bool) {
+        let _ = self.meta(ino, Op::InodeLink { ino, delta: -1, ctime: Timespec::now() }).await;
+        if opened {
+            let _ = self.meta(ino, Op::InodeClose { ino }).await;
+        }
+    }
+
+    /// Creates a regular file and opens it. With `exclusive` an existing name is an error;
+    /// otherwise an existing file is opened (and truncated if `opts.truncate`).
+    pub async fn create(&self, parent: Ino, name: &[u8], mode: u32, exclusive: bool, opts: &OpenOptions) -> Result<File> {
+        match self.make(parent, name, FileKind::File, mode, Vec::new(), true).await {
+            Ok(inode) => Ok(File::new(self.clone(), inode, opts)),
+            Err(e) if e.is(&ErrorCode::Exists) && !exclusive => {
+                let entry = self.lookup_entry(parent, name).await?;
+                self.open_ino(entry.ino, opts).await
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn mkdir(&self, parent: Ino, name: &[u8], mode: u32) -> Result<Inode> {
+        self.make(parent, name, FileKind::Dir, mode, Vec::new(), false).await
+    }
+
+    pub async fn symlink(&self, parent: Ino, name: &[u8], target: &[u8]) -> Result<Inode> {
+        if target.is_empty() || target.len() > 4096 || target.contains(&0) {
+            return Err(Error::Invalid("symbolic link target must be 1 to 4096 bytes without NUL".into()));
+        }
+        self.make(parent, name, FileKind::Symlink, 0o777, target.to_vec(), false).await
+    }
+
+    pub async fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        let inode = self.getattr(ino).await?;
+        if inode.kind != FileKind::Symlink {
+            return Err(Error::Invalid("not a symbolic link".into()));
+        }
+        Ok(inode.target)
+    }
+
+    /// A new name for an existing file (a hard link).
+    pub async fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> Result<Inode> {
+        check_name(name)?;
+        let inode = self.getattr(ino).await?;
+        if inode.kind == FileKind::Dir {
+            return Err(Error::Permission("hard links to directories are not allowed".into()));
+        }
+        let now = Timespec::now();
+        self.meta(ino, Op::InodeLink { ino, delta: 1, ctime: now }).await?;
+        if let Err(e) = self.insert(parent, name, DirEntry { ino, kind: inode.kind }, false).await {
+            let _ = self.meta(ino, Op::InodeLink { ino, delta: -1, ctime: now }).await;
+            return Err(e);
+        }
+        self.getattr(ino).await
+    }
+
+    /// Drops one link of `ino`; deletes its data if that was the last link and no handle is open.
+    async fn unref(&self, ino: Ino) -> Result<()> {
+        if let Response::Links { drop_data: true, .. } =
+            self.meta(ino, Op::InodeLink { ino, delta: -1, ctime: Timespec::now() }).await?
+        {
+            self.router.broadcast(Op::DropFile { file: ino }).await?;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn drop_data(&self, ino: Ino) -> Result<()> {
+        self.router.broadcast(Op::DropFile { file: ino }).await
+    }
+
+    /// Removes a non-directory name. An open file keeps its data until its last close.
+    pub async fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        check_name(name)?;
+        let op = Op::DirRemove { dir: parent, name: name.to_vec(), expect: None, want_dir: Some(false), mtime: Timespec::now() };
+        let entry = match self.meta(parent, op).await? {
+            Response::Entry(e) => e,
+            other => return Err(unexpected(&other)),
+        };
+        self.unref(entry.ino).await
+    }
+
+    /// Removes an empty directory.
+    pub async fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        let entry = self.lookup_entry(parent, name).await?;
+        if entry.kind != FileKind::Dir {
+            return Err(ErrorCode::NotDir.into());
+        }
+        self.meta(entry.ino, Op::DirDestroy { dir: entry.ino }).await?;
+        let op = Op::DirRemove {
+            dir: parent,
+            name: name.to_vec(),
+            expect: Some(entry.ino),
+            want_dir: Some(true),
+            mtime: Timespec::now(),
+        };
+        self.dirs.forget(parent, name);
+        self.meta(parent, op).await?;
+        Ok(())
+    }
+
+    /// Is `dir` empty?
+    async fn is_empty(&self, dir: Ino) -> Result<bool> {
+        Ok(self.readdir(dir, None, 1).await?.0.is_empty())
+    }
+
+    /// Renames `parent/name` to `new_parent/new_name`, replacing a target as POSIX allows
+    /// (unless `noreplace`). Within one directory this is one atomic server operation; across
+    /// directories the new name is linked before the old one is removed, so the file is never
+    /// without a name (it may briefly have both).
+    pub async fn rename(&self, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], noreplace: bool) -> Result<()> {
+        check_name(name)?;
+        check_name(new_name)?;
+        let src = self.lookup_entry(parent, name).await?;
+        let dst = match self.lookup_entry(new_parent, new_name).await {
+            Ok(e) => Some(e),
+            Err(e) if e.is(&ErrorCode::NotFound) => None,
+            Err(e) => return Err(e),
+        };
+        if let Some(dst) = dst {
+            if noreplace {
+                return Err(ErrorCode::Exists.into());
+            }
+            if dst.ino == src.ino {
+                return Ok(()); // POSIX: both names are links to the same file: nothing to do
+            }
+            match (src.kind == FileKind::Dir, dst.kind == FileKind::Dir) {
+                (true, true) if !self.is_empty(dst.ino).await? => return Err(ErrorCode::NotEmpty.into()),
+                (true, false) => return Err(ErrorCode::NotDir.into()),
+                (false, true) => return Err(ErrorCode::IsDir.into()),
+                _ => {}
+            }
+        }
+        if src.kind == FileKind::Dir && parent != new_parent && self.is_ancestor(src.ino, new_parent).await? {
+            return Err(Error::Invalid("cannot move a directory into itself".into()));
+        }
+        let now = Timespec::now();
+        let replaced = if parent == new_parent {
+            let op = Op::DirRename { dir: parent, from: name.to_vec(), to: new_name.to_vec(), replace: !noreplace, mtime: now };
+            match self.meta(parent, op).await? {
+                Response::Replaced(r) => r,
+                other => return Err(unexpected(&other)),
+            }
+        } else {
+            let replaced = self.insert(new_parent, new_name, src, !noreplace).await?;
+            let op = Op::DirRemove { dir: parent, name: name.to_vec(), expect: Some(src.ino), want_dir: None, mtime: now };
+            self.meta(parent, op).await?;
+            if src.kind == FileKind::Dir {
+                let attr = SetAttr { parent: Some(new_parent), ctime: now, ..SetAttr::default() };
+                self.meta(src.ino, Op::InodeSetAttr { ino: src.ino, attr }).await?;
+            }
+            replaced
+        };
+        self.dirs.forget(parent, name);
+        self.dirs.forget(new_parent, new_name);
+        if src.kind != FileKind::Dir {
+            let attr = SetAttr { ctime: now, ..SetAttr::default() };
+            self.meta(src.ino, Op::InodeSetAttr { ino: src.ino, attr }).await?;
+        }
+        match replaced {
+            Some(old) if old.ino != src.ino && old.kind == FileKind::Dir => {
+                self.meta(old.ino, Op::DirDestroy { dir: old.ino }).await?;
+            }
+            Some(old) if old.ino != src.ino => self.unref(old.ino).await?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Is directory `ancestor` on the path from `dir` up to the root?
+    async fn is_ancestor(&self, ancestor: Ino, mut dir: Ino) -> Result<bool> {
+        for _ in 0..4096 {
+            if dir == ancestor {
+                return Ok(true);
+            }
+            if dir == ROOT_INO {
+                return Ok(false);
+            }
+            dir = self.getattr(dir).await?.parent;
+        }
+        Err(Error::Loop)
+    }
+
+    /// Opens an existing inode.
+    pub async fn open_ino(&self, ino: Ino, opts: &OpenOptions) -> Result<File> {
+        let inode = self.meta_inode(ino, Op::InodeOpen { ino }).await?;
+        if inode.kind == FileKind::Dir && (opts.write || opts.append) {
+            let _ = self.meta(ino, Op::InodeClose { ino }).await;
+            return Err(ErrorCode::IsDir.into());
+        }
+        let mut file = File::new(self.clone(), inode, opts);
+        if opts.truncate && (opts.write || opts.append) {
+            if let Err(e) = file.set_len(0).await {
+                let _ = file.close().await;
+                return Err(e);
+            }
+        }
+        Ok(file)
+    }
+
+    /// Capacity and use summed over the live servers.
+    pub async fn usage(&self) -> Result<Usage> {
+        let status = self.status().await?;
+        let live = status.nodes.iter().filter(|n| n.alive);
+        let mut u = Usage { capacity: 0, used: 0, inodes: 0, nodes: 0 };
+        for n in live {
+            u.capacity += n.stats.capacity;
+            u.used += n.stats.used;
+            u.inodes += n.stats.inodes;
+            u.nodes += 1;
+        }
+        Ok(u)
+    }
+}

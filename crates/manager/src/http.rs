@@ -1,0 +1,133 @@
+//! HTTP admin API: `/health` (open), and with `Authorization: Bearer <cluster secret>`:
+//! `/status` (JSON), `/table` (JSON), `/metrics` (Prometheus text format).
+
+use crate::Shared;
+use axum::extract::State as AxState;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::net::TcpListener;
+
+#[derive(Clone)]
+struct Ctx {
+    shared: Arc<Shared>,
+    token: Arc<str>,
+}
+
+pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>, token: String) {
+    let ctx = Ctx { shared, token: token.into() };
+    let app = Router::new()
+        .route("/health", get(|| async { "ok\n" }))
+        .route("/status", get(status))
+        .route("/table", get(table))
+        .route("/metrics", get(metrics))
+        .with_state(ctx);
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::error!("HTTP API stopped: {e}");
+    }
+}
+
+fn authorized(ctx: &Ctx, headers: &HeaderMap) -> Result<(), Response> {
+    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    // Compare digests so the time taken says nothing about the token.
+    let same = given.is_some_and(|g| blake3::hash(g.as_bytes()) == blake3::hash(ctx.token.as_bytes()));
+    if same {
+        Ok(())
+    } else {
+        Err((StatusCode::UNAUTHORIZED, "send the cluster secret as 'Authorization: Bearer <secret>'\n").into_response())
+    }
+}
+
+async fn status(AxState(ctx): AxState<Ctx>, headers: HeaderMap) -> Response {
+    if let Err(r) = authorized(&ctx, &headers) {
+        return r;
+    }
+    let status = ctx.shared.lock().status(Instant::now());
+    let nodes: Vec<_> = status
+        .nodes
+        .iter()
+        .map(|n| {
+            let pct = if n.stats.capacity == 0 { 0.0 } else { 100.0 * n.stats.used as f64 / n.stats.capacity as f64 };
+            json!({"node": n, "memory_used_percent": pct})
+        })
+        .collect();
+    Json(json!({"status": status, "nodes": nodes})).into_response()
+}
+
+async fn table(AxState(ctx): AxState<Ctx>, headers: HeaderMap) -> Response {
+    if let Err(r) = authorized(&ctx, &headers) {
+        return r;
+    }
+    match ctx.shared.lock().table() {
+        Some(t) => Json(json!({
+            "epoch": t.table.epoch(),
+            "partitions": t.table.partitions(),
+            "config": t.config,
+            "nodes": t.nodes,
+            "replicas": t.table.all(),
+        }))
+        .into_response(),
+        None => (StatusCode::SERVICE_UNAVAILABLE, "no partition table yet: waiting for servers\n").into_response(),
+    }
+}
+
+type Labels = Vec<(String, String)>;
+
+async fn metrics(AxState(ctx): AxState<Ctx>, headers: HeaderMap) -> Response {
+    if let Err(r) = authorized(&ctx, &headers) {
+        return r;
+    }
+    let status = ctx.shared.lock().status(Instant::now());
+    let mut reg = Registry::with_prefix("tessera");
+    let epoch = Gauge::<i64>::default();
+    epoch.set(status.epoch.unwrap_or(0) as i64);
+    reg.register("epoch", "Partition table epoch (0: no table yet)", epoch);
+    let nodes = Family::<Labels, Gauge>::default();
+    let alive = status.nodes.iter().filter(|n| n.alive).count() as i64;
+    nodes.get_or_create(&vec![("state".into(), "alive".into())]).set(alive);
+    nodes.get_or_create(&vec![("state".into(), "dead".into())]).set(status.nodes.len() as i64 - alive);
+    reg.register("nodes", "Storage servers by state", nodes);
+
+    let used = Family::<Labels, Gauge>::default();
+    let capacity = Family::<Labels, Gauge>::default();
+    let partitions = Family::<Labels, Gauge>::default();
+    let load = Family::<Labels, Gauge>::default();
+    let read = Family::<Labels, Counter>::default();
+    let written = Family::<Labels, Counter>::default();
+    let ops = Family::<Labels, Counter>::default();
+    for n in &status.nodes {
+        let l: Labels = vec![("node".into(), n.id.to_string())];
+        used.get_or_create(&l).set(n.stats.used as i64);
+        capacity.get_or_create(&l).set(n.stats.capacity as i64);
+        partitions.get_or_create(&l).set(i64::from(n.partitions));
+        load.get_or_create(&l).set(i64::from(n.stats.load));
+        read.get_or_create(&l).inc_by(n.stats.bytes_read);
+        written.get_or_create(&l).inc_by(n.stats.bytes_written);
+        for (op, v) in [("read", n.stats.reads), ("write", n.stats.writes), ("meta", n.stats.meta_ops)] {
+            let mut lo = l.clone();
+            lo.push(("op".into(), op.into()));
+            ops.get_or_create(&lo).inc_by(v);
+        }
+    }
+    reg.register("node_memory_used_bytes", "Memory holding stripes and metadata", used);
+    reg.register("node_memory_capacity_bytes", "Memory the server offers", capacity);
+    reg.register("node_partitions", "Partition copies held", partitions);
+    reg.register("node_load", "Requests being served", load);
+    reg.register("node_read_bytes", "Bytes read from the node", read);
+    reg.register("node_written_bytes", "Bytes written to the node", written);
+    reg.register("node_ops", "Operations served by kind", ops);
+    let mut out = String::new();
+    if let Err(e) = encode(&mut out, &reg) {
+        return (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}\n")).into_response();
+    }
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], out).into_response()
+}

@@ -1,0 +1,454 @@
+//! The in-memory store of one node: its partitions of stripes, inodes and directory entries.
+//! Pure (no I/O): every operation is a short critical section on one partition.
+
+use bytes::Bytes;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use tessera_placement::{Ino, PartitionId};
+use tessera_proto::{check_name, BufferPool, DirEntry, ErrorCode, FileKind, Inode, Name, SetAttr, Timespec, DIR_PAGE_MAX};
+
+/// Bytes charged for an inode and for a directory entry beyond its name: rough, but it keeps a
+/// metadata-only workload from growing without bound.
+const INODE_COST: u64 = 256;
+const ENTRY_COST: u64 = 32;
+
+#[derive(Default)]
+struct Partition {
+    /// Stripes by file, then index: dropping or truncating a file touches only its stripes.
+    stripes: HashMap<Ino, BTreeMap<u64, Bytes>>,
+    inodes: HashMap<Ino, Inode>,
+    /// Directory entries by (directory, name): a listing is a range scan.
+    entries: BTreeMap<(Ino, Name), DirEntry>,
+}
+
+/// Counters reported in heartbeats.
+#[derive(Default)]
+pub struct Counters {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub meta_ops: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+}
+
+pub struct Store {
+    partitions: Vec<Mutex<Partition>>,
+    stripe_size: u32,
+    capacity: u64,
+    used: AtomicU64,
+    stripes: AtomicU64,
+    inodes: AtomicU64,
+    pool: std::sync::Arc<BufferPool>,
+    pub counters: Counters,
+}
+
+type R<T> = Result<T, ErrorCode>;
+
+fn entry_cost(name: &[u8]) -> u64 {
+    ENTRY_COST + name.len() as u64
+}
+
+impl Store {
+    #[must_use]
+    pub fn new(partitions: u32, stripe_size: u32, capacity: u64, pool: std::sync::Arc<BufferPool>) -> Self {
+        Self {
+            partitions: (0..partitions).map(|_| Mutex::default()).collect(),
+            stripe_size,
+            capacity,
+            used: AtomicU64::new(0),
+            stripes: AtomicU64::new(0),
+            inodes: AtomicU64::new(0),
+            pool,
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+    pub fn stripe_count(&self) -> u64 {
+        self.stripes.load(Ordering::Relaxed)
+    }
+    pub fn inode_count(&self) -> u64 {
+        self.inodes.load(Ordering::Relaxed)
+    }
+
+    fn part(&self, p: PartitionId) -> R<MutexGuard<'_, Partition>> {
+        let m = self.partitions.get(p as usize).ok_or_else(|| ErrorCode::Invalid(format!("no partition {p}")))?;
+        Ok(m.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Reserves `more` bytes of capacity, or says ENOSPC and reserves nothing.
+    fn charge(&self, more: u64) -> R<()> {
+        let mut cur = self.used.load(Ordering::Relaxed);
+        loop {
+            let next = cur.checked_add(more).filter(|&n| n <= self.capacity).ok_or(ErrorCode::NoSpace)?;
+            match self.used.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Ok(()),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    fn refund(&self, less: u64) {
+        self.used.fetch_sub(less, Ordering::Relaxed);
+    }
+
+    // ---- stripes ----
+
+    /// Writes `data` at `offset` of a stripe. Checked against capacity before anything changes.
+    pub fn write(&self, p: PartitionId, file: Ino, stripe: u64, offset: u32, data: Bytes) -> R<()> {
+        let end = offset as usize + data.len();
+        if end > self.stripe_size as usize {
+            return Err(ErrorCode::Invalid(format!("write to {offset}+{} crosses the stripe end", data.len())));
+        }
+        let mut part = self.part(p)?;
+        let file_stripes = part.stripes.entry(file).or_default();
+        let old = file_stripes.remove(&stripe);
+        let old_len = old.as_ref().map_or(0, Bytes::len);
+        let new_len = old_len.max(end);
+        if let Err(e) = self.charge((new_len - old_len) as u64) {
+            if let Some(old) = old {
+                file_stripes.insert(stripe, old);
+            } else if file_stripes.is_empty() {
+                part.stripes.remove(&file);
+            }
+            return Err(e);
+        }
+        let stored = match old {
+            // A whole stripe: keep the buffer it arrived in, no copy.
+            _ if offset == 0 && data.len() == self.stripe_size as usize => {
+                if let Some(old) = old {
+                    self.pool.recycle(old);
+                }
+                data
+            }
+            None => {
+                let mut buf = self.pool.get(end);
+                buf.resize(offset as usize, 0);
+                buf.extend_from_slice(&data);
+                self.pool.recycle(data);
+                buf.freeze()
+            }
+            Some(old) => {
+                // In place when nobody reads the old bytes; otherwise copy on write.
+                let mut buf = old.try_into_mut().unwrap_or_else(|shared| {
+                    let mut b = self.pool.get(new_len);
+                    b.extend_from_slice(&shared);
+                    b
+                });
+                if buf.len() < end {
+                    buf.resize(end, 0);
+                }
+                buf[offset as usize..end].copy_from_slice(&data);
+                self.pool.recycle(data);
+                buf.freeze()
+            }
+        };
+        if part.stripes.entry(file).or_default().insert(stripe, stored).is_none() {
+            self.stripes.fetch_add(1, Ordering::Relaxed);
+        }
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        self.counters.bytes_written.fetch_add((end - offset as usize) as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Up to `len` bytes at `offset` of a stripe (fewer where it holds less), without copying.
+    pub fn read(&self, p: PartitionId, file: Ino, stripe: u64, offset: u32, len: u32) -> R<Bytes> {
+        let part = self.part(p)?;
+        let data = part.stripes.get(&file).and_then(|s| s.get(&stripe)).map_or_else(Bytes::new, |b| {
+            let start = (offset as usize).min(b.len());
+            b.slice(start..b.len().min(start + len as usize))
+        });
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        self.counters.bytes_read.fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(data)
+    }
+
+    /// Cuts `file`'s stripes in the given partitions to end at byte `size` of the file.
+    pub fn truncate(&self, parts: impl Iterator<Item = PartitionId>, file: Ino, size: u64) -> R<()> {
+        let ss = u64::from(self.stripe_size);
+        for p in parts {
+            let mut part = self.part(p)?;
+            let Some(stripes) = part.stripes.get_mut(&file) else { continue };
+            let first_gone = size.div_ceil(ss);
+            for (_, b) in stripes.split_off(&first_gone) {
+                self.refund(b.len() as u64);
+                self.stripes.fetch_sub(1, Ordering::Relaxed);
+                self.pool.recycle(b);
+            }
+            if size % ss != 0 {
+                if let Some(b) = stripes.get_mut(&(size / ss)) {
+                    let keep = (size % ss) as usize;
+                    if b.len() > keep {
+                        self.refund((b.len() - keep) as u64);
+                        b.truncate(keep);
+                    }
+                }
+            }
+            if stripes.is_empty() {
+                part.stripes.remove(&file);
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes every stripe of `file` in the given partitions.
+    pub fn drop_file(&self, parts: impl Iterator<Item = PartitionId>, file: Ino) -> R<()> {
+        self.truncate(parts, file, 0)
+    }
+
+    // ---- inodes ----
+
+    fn meta_op(&self) {
+        self.counters.meta_ops.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn inode_create(&self, p: PartitionId, inode: Inode) -> R<()> {
+        self.meta_op();
+        let mut part = self.part(p)?;
+        if part.inodes.contains_key(&inode.ino) {
+            return Err(ErrorCode::Exists);
+        }
+        self.charge(INODE_COST + inode.target.len() as u64)?;
+        self.inodes.fetch_add(1, Ordering::Relaxed);
+        part.inodes.insert(inode.ino, inode);
+        Ok(())
+    }
+
+    /// Applies `f` to inode `ino` and returns the result.
+    fn with_inode<T>(&self, p: PartitionId, ino: Ino, f: impl FnOnce(&mut Inode) -> T) -> R<T> {
+        self.meta_op();
+        let mut part = self.part(p)?;
+        part.inodes.get_mut(&ino).map(f).ok_or(ErrorCode::NotFound)
+    }
+
+    pub fn inode_get(&self, p: PartitionId, ino: Ino) -> R<Inode> {
+        self.with_inode(p, ino, |i| i.clone())
+    }
+
+    pub fn inode_setattr(&self, p: PartitionId, ino: Ino, a: &SetAttr) -> R<Inode> {
+        self.with_inode(p, ino, |i| {
+            if let Some(m) = a.mode {
+                i.mode = m & 0o7777;
+            }
+            if let Some(u) = a.uid {
+                i.uid = u;
+            }
+            if let Some(g) = a.gid {
+                i.gid = g;
+            }
+            if let Some(s) = a.size {
+                i.size = s;
+            }
+            if let Some(t) = a.atime {
+                i.atime = t;
+            }
+            if let Some(t) = a.mtime {
+                i.mtime = t;
+            }
+            if let Some(d) = a.parent {
+                i.parent = d;
+            }
+            i.ctime = a.ctime;
+            i.clone()
+        })
+    }
+
+    pub fn inode_extend(&self, p: PartitionId, ino: Ino, size: u64, mtime: Timespec) -> R<Inode> {
+        self.with_inode(p, ino, |i| {
+            i.size = i.size.max(size);
+            i.mtime = i.mtime.max(mtime);
+            i.ctime = i.ctime.max(mtime);
+            i.clone()
+        })
+    }
+
+    /// Removes the inode if it has neither links nor open handles; says whether it did.
+    fn reap(&self, part: &mut Partition, ino: Ino) -> (u32, bool) {
+        match part.inodes.get(&ino) {
+            Some(i) if i.nlink == 0 && i.open_count == 0 => {
+                let i = part.inodes.remove(&ino).expect("present");
+                self.refund(INODE_COST + i.target.len() as u64);
+                self.inodes.fetch_sub(1, Ordering::Relaxed);
+                (0, true)
+            }
+            Some(i) => (i.nlink, false),
+            None => (0, false),
+        }
+    }
+
+    pub fn inode_link(&self, p: PartitionId, ino: Ino, delta: i32, ctime: Timespec) -> R<(u32, bool)> {
+        self.meta_op();
+        let mut part = self.part(p)?;
+        let i = part.inodes.get_mut(&ino).ok_or(ErrorCode::NotFound)?;
+        i.nlink = i.nlink.saturating_add_signed(delta);
+        i.ctime = ctime;
+        Ok(self.reap(&mut part, ino))
+    }
+
+    pub fn inode_open(&self, p: PartitionId, ino: Ino) -> R<Inode> {
+        self.with_inode(p, ino, |i| {
+            i.open_count = i.open_count.saturating_add(1);
+            i.clone()
+        })
+    }
+
+    pub fn inode_close(&self, p: PartitionId, ino: Ino) -> R<(u32, bool)> {
+        self.meta_op();
+        let mut part = self.part(p)?;
+        let i = part.inodes.get_mut(&ino).ok_or(ErrorCode::NotFound)?;
+        i.open_count = i.open_count.saturating_sub(1);
+        Ok(self.reap(&mut part, ino))
+    }
+
+    // ---- directory entries (the directory's inode is in the same partition) ----
+
+    fn dir_of<'a>(part: &'a mut Partition, dir: Ino) -> R<&'a mut Inode> {
+        let d = part.inodes.get_mut(&dir).ok_or(ErrorCode::NotFound)?;
+        if d.kind != FileKind::Dir {
+            return Err(ErrorCode::NotDir);
+        }
+        Ok(d)
+    }
+
+    /// May `new` replace `old` under rename rules?
+    fn replaceable(old: &DirEntry, new: &DirEntry) -> R<()> {
+        match (old.kind == FileKind::Dir, new.kind == FileKind::Dir) {
+            (true, false) => Err(ErrorCode::IsDir),
+            (false, true) => Err(ErrorCode::NotDir),
+            _ => Ok(()),
+        }
+    }
+
+    /// Adjusts a directory after entries of kind `added`/`removed` changed: mtime, ctime, and
+    /// its link count (2 + subdirectories).
+    fn touch_dir(d: &mut Inode, added: Option<FileKind>, removed: Option<FileKind>, mtime: Timespec) {
+        if added == Some(FileKind::Dir) {
+            d.nlink += 1;
+        }
+        if removed == Some(FileKind::Dir) {
+            d.nlink = d.nlink.saturating_sub(1);
+        }
+        d.mtime = mtime;
+        d.ctime = mtime;
+    }
+
+    pub fn dir_insert(&self, p: PartitionId, dir: Ino, name: Name, entry: DirEntry, replace: bool, mtime: Timespec) -> R<Option<DirEntry>> {
+        self.meta_op();
+        check_name(&name)?;
+        let mut part = self.part(p)?;
+        Self::dir_of(&mut part, dir)?;
+        let key = (dir, name);
+        let old = part.entries.get(&key).copied();
+        if let Some(old) = &old {
+            if !replace {
+                return Err(ErrorCode::Exists);
+            }
+            Self::replaceable(old, &entry)?;
+        } else {
+            self.charge(entry_cost(&key.1))?;
+        }
+        part.entries.insert(key, entry);
+        let d = Self::dir_of(&mut part, dir)?;
+        Self::touch_dir(d, Some(entry.kind), old.map(|o| o.kind), mtime);
+        Ok(old)
+    }
+
+    pub fn dir_remove(&self, p: PartitionId, dir: Ino, name: Name, expect: Option<Ino>, want_dir: Option<bool>, mtime: Timespec) -> R<DirEntry> {
+        self.meta_op();
+        let mut part = self.part(p)?;
+        Self::dir_of(&mut part, dir)?;
+        let key = (dir, name);
+        let e = *part.entries.get(&key).ok_or(ErrorCode::NotFound)?;
+        if expect.is_some_and(|i| i != e.ino) {
+            return Err(ErrorCode::NotFound);
+        }
+        match (want_dir, e.kind == FileKind::Dir) {
+            (Some(false), true) => return Err(ErrorCode::IsDir),
+            (Some(true), false) => return Err(ErrorCode::NotDir),
+            _ => {}
+        }
+        part.entries.remove(&key);
+        self.refund(entry_cost(&key.1));
+        let d = Self::dir_of(&mut part, dir)?;
+        Self::touch_dir(d, None, Some(e.kind), mtime);
+        Ok(e)
+    }
+
+    pub fn dir_lookup(&self, p: PartitionId, dir: Ino, name: &[u8]) -> R<DirEntry> {
+        self.meta_op();
+        let part = self.part(p)?;
+        part.entries.get(&(dir, name.to_vec())).copied().ok_or(ErrorCode::NotFound)
+    }
+
+    pub fn dir_list(&self, p: PartitionId, dir: Ino, after: Option<Name>, limit: u32) -> R<(Vec<(Name, DirEntry)>, bool)> {
+        use std::ops::Bound::{Excluded, Included, Unbounded};
+        self.meta_op();
+        let mut part = self.part(p)?;
+        Self::dir_of(&mut part, dir)?;
+        let limit = limit.clamp(1, DIR_PAGE_MAX) as usize;
+        let start = match after {
+            Some(a) => Excluded((dir, a)),
+            None => Included((dir, Vec::new())),
+        };
+        let end = match dir.checked_add(1) {
+            Some(next) => Excluded((next, Vec::new())),
+            None => Unbounded,
+        };
+        let mut it = part.entries.range((start, end)).map(|((_, n), e)| (n.clone(), *e));
+        let page: Vec<_> = it.by_ref().take(limit).collect();
+        let more = it.next().is_some();
+        Ok((page, more))
+    }
+
+    pub fn dir_rename(&self, p: PartitionId, dir: Ino, from: Name, to: Name, replace: bool, mtime: Timespec) -> R<Option<DirEntry>> {
+        self.meta_op();
+        check_name(&to)?;
+        let mut part = self.part(p)?;
+        Self::dir_of(&mut part, dir)?;
+        let src = *part.entries.get(&(dir, from.clone())).ok_or(ErrorCode::NotFound)?;
+        if from == to {
+            return Ok(None);
+        }
+        let old = part.entries.get(&(dir, to.clone())).copied();
+        if let Some(old) = &old {
+            if !replace {
+                return Err(ErrorCode::Exists);
+            }
+            Self::replaceable(old, &src)?;
+            if old.ino == src.ino {
+                return Ok(None);
+            }
+            self.refund(entry_cost(&from));
+        } else {
+            // The new name may be longer than the old one.
+            let grow = entry_cost(&to).saturating_sub(entry_cost(&from));
+            self.charge(grow)?;
+            self.refund(entry_cost(&from).saturating_sub(entry_cost(&to)));
+        }
+        part.entries.remove(&(dir, from));
+        part.entries.insert((dir, to), src);
+        let d = Self::dir_of(&mut part, dir)?;
+        Self::touch_dir(d, None, old.map(|o| o.kind), mtime);
+        Ok(old)
+    }
+
+    pub fn dir_destroy(&self, p: PartitionId, dir: Ino) -> R<()> {
+        self.meta_op();
+        let mut part = self.part(p)?;
+        Self::dir_of(&mut part, dir)?;
+        let has_entries = part.entries.range((dir, Vec::new())..).next().is_some_and(|((d, _), _)| *d == dir);
+        if has_entries {
+            return Err(ErrorCode::NotEmpty);
+        }
+        let i = part.inodes.remove(&dir).expect("checked above");
+        self.refund(INODE_COST + i.target.len() as u64);
+        self.inodes.fetch_sub(1, Ordering::Relaxed);
+        Ok(())
+    }
+}

@@ -1,0 +1,256 @@
+//! Integration tests: a manager and several servers as real processes on 127.0.0.x, driven by
+//! clients in separate processes (`tessera-worker`), checked against in-memory models.
+
+use anyhow::Result;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+use std::time::{Duration, Instant};
+use tessera_testkit::{digest, pattern, Cluster, ClusterSpec, Worker};
+
+const MIB: u64 = 1 << 20;
+const ENOENT: i32 = 2;
+const EACCES: i32 = 13;
+const EINVAL: i32 = 22;
+const ENOSPC: i32 = 28;
+const ENOTEMPTY: i32 = 39;
+
+fn read_hash(w: &mut Worker, path: &str) -> Result<(u64, String)> {
+    let v = w.ok(&json!({"cmd": "read_file", "path": path}))?;
+    Ok((v["len"].as_u64().unwrap_or(u64::MAX), v["hash"].as_str().unwrap_or("").to_string()))
+}
+
+#[test]
+fn files_of_edge_sizes_round_trip_between_processes() -> Result<()> {
+    let cluster = Cluster::start(&ClusterSpec::default())?;
+    let (mut writer, mut reader) = (cluster.worker()?, cluster.worker()?);
+    for (i, size) in [0, 1, MIB - 1, MIB, MIB + 1, 100 * MIB].into_iter().enumerate() {
+        let path = format!("/size-{size}");
+        // Odd-sized writes exercise the aggregation of small writes into stripes.
+        writer.ok(&json!({"cmd": "write_file", "path": path, "len": size, "seed": i, "chunk": 300_001}))?;
+        let (len, hash) = read_hash(&mut reader, &path)?;
+        assert_eq!(len, size, "{path}");
+        assert_eq!(hash, digest(&pattern(i as u64, 0, size as usize)), "{path}");
+        assert_eq!(reader.ok(&json!({"cmd": "stat", "path": path}))?["size"], size);
+    }
+    Ok(())
+}
+
+#[test]
+fn random_overlapping_writes_and_truncates_match_a_model() -> Result<()> {
+    let cluster = Cluster::start(&ClusterSpec::default())?;
+    let mut w = cluster.worker()?;
+    let h = w.ok(&json!({"cmd": "open", "path": "/model", "create": true, "write": true}))?["handle"].clone();
+    let mut rng = StdRng::seed_from_u64(0x7e55e7a);
+    let mut model: Vec<u8> = Vec::new();
+    for i in 0..400u64 {
+        match rng.gen_range(0..10) {
+            0..=5 => {
+                let off = rng.gen_range(0..6 * MIB);
+                let max_len = if rng.gen_bool(0.5) { 4096 } else { 3 * MIB };
+                let len = rng.gen_range(1..max_len) as usize;
+                w.ok(&json!({"cmd": "write", "handle": h, "offset": off, "len": len, "seed": i}))?;
+                let end = off as usize + len;
+                if model.len() < end {
+                    model.resize(end, 0);
+                }
+                model[off as usize..end].copy_from_slice(&pattern(i, off, len));
+            }
+            6 => {
+                let size = rng.gen_range(0..7 * MIB) as usize;
+                w.ok(&json!({"cmd": "truncate", "handle": h, "size": size}))?;
+                model.resize(size, 0);
+            }
+            _ => {
+                let off = rng.gen_range(0..8 * MIB) as usize;
+                let len = rng.gen_range(0..3 * MIB) as usize;
+                let v = w.ok(&json!({"cmd": "read", "handle": h, "offset": off, "len": len}))?;
+                let want = &model[off.min(model.len())..(off + len).min(model.len())];
+                assert_eq!(v["len"], want.len(), "read {off}+{len} after op {i}");
+                assert_eq!(v["hash"], digest(want), "read {off}+{len} after op {i}");
+            }
+        }
+    }
+    w.ok(&json!({"cmd": "close", "handle": h}))?;
+    let (len, hash) = read_hash(&mut cluster.worker()?, "/model")?;
+    assert_eq!((len, hash), (model.len() as u64, digest(&model)));
+    Ok(())
+}
+
+#[test]
+fn four_processes_write_one_file() -> Result<()> {
+    let cluster = Cluster::start(&ClusterSpec::default())?;
+    const BLOCK: u64 = 256 << 10;
+    const BLOCKS: u64 = 96;
+    std::thread::scope(|s| -> Result<()> {
+        let handles: Vec<_> = (0..4u64)
+            .map(|k| {
+                let cluster = &cluster;
+                s.spawn(move || -> Result<()> {
+                    let mut w = cluster.worker()?;
+                    let h = w.ok(&json!({"cmd": "open", "path": "/n-to-1", "create": true, "write": true}))?["handle"].clone();
+                    for b in (k..BLOCKS).step_by(4) {
+                        w.ok(&json!({"cmd": "write", "handle": h, "offset": b * BLOCK, "len": BLOCK, "seed": k}))?;
+                    }
+                    w.ok(&json!({"cmd": "close", "handle": h}))?;
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("writer thread")?;
+        }
+        Ok(())
+    })?;
+    let mut want = Vec::with_capacity((BLOCKS * BLOCK) as usize);
+    for b in 0..BLOCKS {
+        want.extend(pattern(b % 4, b * BLOCK, BLOCK as usize));
+    }
+    let (len, hash) = read_hash(&mut cluster.worker()?, "/n-to-1")?;
+    assert_eq!(len, BLOCKS * BLOCK, "size is the largest extent written");
+    assert_eq!(hash, digest(&want));
+    Ok(())
+}
+
+fn used(w: &mut Worker) -> Result<u64> {
+    Ok(w.ok(&json!({"cmd": "usage"}))?["used"].as_u64().unwrap_or(0))
+}
+
+/// Waits until the servers report (through their heartbeats) less than `below` bytes in use.
+fn wait_used_below(w: &mut Worker, below: u64) -> Result<u64> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let u = used(w)?;
+        if u < below || Instant::now() > deadline {
+            return Ok(u);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn unlinked_file_lives_until_its_last_close() -> Result<()> {
+    let cluster = Cluster::start(&ClusterSpec::default())?;
+    let (mut a, mut b) = (cluster.worker()?, cluster.worker()?);
+    a.ok(&json!({"cmd": "write_file", "path": "/tmpfile", "len": 8 * MIB, "seed": 1}))?;
+    let h = a.ok(&json!({"cmd": "open", "path": "/tmpfile", "write": true}))?["handle"].clone();
+    b.ok(&json!({"cmd": "unlink", "path": "/tmpfile"}))?;
+    b.fails(&json!({"cmd": "stat", "path": "/tmpfile"}), ENOENT)?;
+    // The open handle still reads and writes the data.
+    let v = a.ok(&json!({"cmd": "read", "handle": h, "offset": 0, "len": 8 * MIB}))?;
+    assert_eq!(v["hash"], digest(&pattern(1, 0, (8 * MIB) as usize)));
+    a.ok(&json!({"cmd": "write", "handle": h, "offset": MIB, "len": 100, "seed": 2}))?;
+    let v = a.ok(&json!({"cmd": "read", "handle": h, "offset": MIB, "len": 100}))?;
+    assert_eq!(v["hash"], digest(&pattern(2, MIB, 100)));
+    let before = wait_used_below(&mut b, u64::MAX)?;
+    assert!(before >= 8 * MIB, "the data is still held: {before}");
+    a.ok(&json!({"cmd": "close", "handle": h}))?;
+    let after = wait_used_below(&mut b, 8 * MIB)?;
+    assert!(after < 8 * MIB, "the last close freed the data: {before} -> {after}");
+    Ok(())
+}
+
+#[test]
+fn rename_within_and_across_directories() -> Result<()> {
+    let cluster = Cluster::start(&ClusterSpec::default())?;
+    let (mut w, mut other) = (cluster.worker()?, cluster.worker()?);
+    for d in ["/d1", "/d2"] {
+        w.ok(&json!({"cmd": "mkdir", "path": d}))?;
+    }
+    w.ok(&json!({"cmd": "write_file", "path": "/d1/x", "len": 3 * MIB, "seed": 10}))?;
+    w.ok(&json!({"cmd": "write_file", "path": "/d2/z", "len": 2 * MIB, "seed": 11}))?;
+    w.ok(&json!({"cmd": "rename", "from": "/d1/x", "to": "/d2/y"}))?;
+    other.fails(&json!({"cmd": "stat", "path": "/d1/x"}), ENOENT)?;
+    assert_eq!(read_hash(&mut other, "/d2/y")?.1, digest(&pattern(10, 0, (3 * MIB) as usize)));
+    // Over an existing file: the target is replaced atomically (same directory).
+    w.ok(&json!({"cmd": "rename", "from": "/d2/y", "to": "/d2/z"}))?;
+    assert_eq!(other.ok(&json!({"cmd": "readdir", "path": "/d2"}))?["names"], json!(["z"]));
+    assert_eq!(read_hash(&mut other, "/d2/z")?.1, digest(&pattern(10, 0, (3 * MIB) as usize)));
+    // A directory moves with its contents; it cannot move into itself.
+    w.ok(&json!({"cmd": "rename", "from": "/d2", "to": "/d1/sub"}))?;
+    assert_eq!(other.ok(&json!({"cmd": "readdir", "path": "/d1"}))?["names"], json!(["sub"]));
+    assert_eq!(read_hash(&mut other, "/d1/sub/z")?.0, 3 * MIB);
+    w.fails(&json!({"cmd": "rename", "from": "/d1", "to": "/d1/sub/inner"}), EINVAL)?;
+    w.fails(&json!({"cmd": "rmdir", "path": "/d1"}), ENOTEMPTY)?;
+    // Hard links share data; the data outlives one name.
+    w.ok(&json!({"cmd": "link", "from": "/d1/sub/z", "to": "/alias"}))?;
+    assert_eq!(other.ok(&json!({"cmd": "stat", "path": "/alias"}))?["nlink"], 2);
+    w.ok(&json!({"cmd": "unlink", "path": "/d1/sub/z"}))?;
+    assert_eq!(read_hash(&mut other, "/alias")?.0, 3 * MIB);
+    Ok(())
+}
+
+#[test]
+fn full_cluster_says_enospc_and_keeps_existing_files() -> Result<()> {
+    let spec = ClusterSpec { memory: "24MiB".into(), ..ClusterSpec::default() };
+    let cluster = Cluster::start(&spec)?;
+    let mut w = cluster.worker()?;
+    w.ok(&json!({"cmd": "write_file", "path": "/keep", "len": 8 * MIB, "seed": 5}))?;
+    w.fails(&json!({"cmd": "write_file", "path": "/big", "len": 200 * MIB, "seed": 6}), ENOSPC)?;
+    assert_eq!(read_hash(&mut w, "/keep")?.1, digest(&pattern(5, 0, (8 * MIB) as usize)));
+    w.ok(&json!({"cmd": "unlink", "path": "/big"}))?;
+    wait_used_below(&mut w, 20 * MIB)?;
+    w.ok(&json!({"cmd": "write_file", "path": "/again", "len": 8 * MIB, "seed": 7}))?;
+    assert_eq!(read_hash(&mut w, "/again")?.1, digest(&pattern(7, 0, (8 * MIB) as usize)));
+    Ok(())
+}
+
+#[test]
+fn wrong_secret_is_refused() -> Result<()> {
+    let cluster = Cluster::start(&ClusterSpec { servers: 1, ..ClusterSpec::default() })?;
+    let mut w = Worker::spawn(cluster.manager, "not-the-secret")?;
+    let v = w.call(&json!({"cmd": "stat", "path": "/"}))?;
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["errno"], EACCES);
+    assert!(v["error"].as_str().unwrap_or("").contains("secret"), "{v}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_frames_close_only_their_connection() -> Result<()> {
+    use std::sync::Arc;
+    use tessera_proto::{auth::client_handshake, frame, BufferPool, Request, Response, RpcClient, RpcConfig, Secret};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    let cluster = tokio::task::spawn_blocking(|| Cluster::start(&ClusterSpec::default())).await??;
+    let cfg = RpcConfig::new(Secret::new(&cluster.secret), Arc::new(BufferPool::new(1 << 20, 4)));
+    let manager = RpcClient::connect(cluster.manager, &cfg).await?;
+    let Response::Status(status) = manager.call(&Request::GetStatus, bytes::Bytes::new()).await?.0 else {
+        anyhow::bail!("no status");
+    };
+    let server = status.nodes[0].addr;
+    let bad_frames: Vec<Vec<u8>> = vec![
+        frame::encode_head(1, frame::FrameKind::Request, &[0xff; 5], 0)?, // undecodable header
+        {
+            let mut f = frame::encode_head(1, frame::FrameKind::Request, &[], 0)?;
+            f[12] = 7; // unknown kind
+            f
+        },
+        u32::MAX.to_le_bytes().to_vec(), // absurd length
+    ];
+    for bad in &bad_frames {
+        let mut s = TcpStream::connect(server).await?;
+        client_handshake(&mut s, &Secret::new(&cluster.secret)).await?;
+        s.write_all(bad).await?;
+        s.write_all(&[0u8; 64]).await?;
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await??;
+        assert_eq!(n, 0, "the server closed the connection");
+    }
+    // Garbage before any handshake.
+    let mut s = TcpStream::connect(server).await?;
+    s.write_all(&[0x42; 100]).await?;
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await?;
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+    // Everyone else is unharmed.
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let mut w = cluster.worker()?;
+        w.ok(&json!({"cmd": "write_file", "path": "/after", "len": 5 * MIB, "seed": 9}))?;
+        assert_eq!(read_hash(&mut w, "/after")?.1, digest(&pattern(9, 0, (5 * MIB) as usize)));
+        Ok(())
+    })
+    .await??;
+    Ok(())
+}

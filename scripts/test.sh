@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The test command (README): formatting, lints, then every unit, property and integration test.
+# Integration tests start real manager/server/worker processes on 127.0.0.x.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+# Integration tests look for the binaries next to themselves.
+cargo build --workspace --bins --locked
+cargo test --workspace --locked
