@@ -1,1 +1,208 @@
-fn main() {}
+//! `tessera`: run and use a Tessera cluster.
+
+mod bench;
+mod config;
+mod files;
+mod status;
+mod up;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::time::Duration;
+use tessera_client::{Client, ClientOptions};
+use tessera_proto::{ClusterConfig, Secret};
+
+#[derive(Parser, Debug)]
+#[command(name = "tessera", version, about = "An elastic in-memory file system for scientific workflows")]
+struct Cli {
+    /// Configuration file (TOML); see docs/CLI.md.
+    #[arg(long, global = true, env = "TESSERA_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address of the manager (HOST:PORT).
+    #[arg(long, global = true, env = "TESSERA_MANAGER")]
+    manager: Option<String>,
+    /// The cluster secret every member and client must know.
+    #[arg(long, global = true, env = "TESSERA_SECRET", hide_env_values = true)]
+    secret: Option<String>,
+    /// More log output (-v: debug, -vv: trace); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Start a whole cluster on this machine (manager and servers on 127.0.0.x) until Ctrl-C.
+    Up(up::UpArgs),
+    /// Run the manager in the foreground.
+    Manager(ManagerArgs),
+    /// Run a storage server in the foreground.
+    Server(ServerArgs),
+    /// Nodes, partitions and memory at a glance.
+    Status(status::StatusArgs),
+    /// Copy files and trees in, out and within the cluster (cluster paths start with `tessera:`).
+    Cp(files::CpArgs),
+    /// List directories.
+    Ls(files::LsArgs),
+    /// Show a file's attributes.
+    Stat(files::StatArgs),
+    /// Remove files (and trees with -r).
+    Rm(files::RmArgs),
+    /// Create directories.
+    Mkdir(files::MkdirArgs),
+    /// Print files to standard output.
+    Cat(files::CatArgs),
+    /// Measure throughput and metadata rates through the client library.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ManagerArgs {
+    /// Address for servers and clients.
+    #[arg(long)]
+    listen: Option<String>,
+    /// Address of the HTTP admin API (/status, /table, /metrics).
+    #[arg(long)]
+    http: Option<String>,
+    /// Servers that must join before the partition table is built.
+    #[arg(long)]
+    expect: Option<u32>,
+    /// Partitions (fixed for the cluster's life; bounds how far it scales out).
+    #[arg(long)]
+    partitions: Option<u32>,
+    /// Stripe size (a multiple of 1 MiB).
+    #[arg(long)]
+    stripe_size: Option<String>,
+    /// Copies of every partition.
+    #[arg(long)]
+    replication: Option<u8>,
+}
+
+#[derive(clap::Args, Debug)]
+struct ServerArgs {
+    /// Address to serve on (port 0 picks one).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Memory this server offers (e.g. 4GiB).
+    #[arg(long)]
+    memory: Option<String>,
+    /// A free-form label (a rack, a failure domain).
+    #[arg(long)]
+    label: Option<String>,
+}
+
+pub const DEFAULT_MANAGER: &str = "127.0.0.1:7070";
+
+fn cluster_config(args: &ManagerArgs, cfg: &config::FileConfig) -> Result<ClusterConfig> {
+    let stripe = args.stripe_size.clone().or_else(|| cfg.cluster.stripe_size.clone()).unwrap_or_else(|| "1MiB".into());
+    let stripe_size = tessera_placement::validate_stripe_size(config::size(&stripe)?).map_err(anyhow::Error::msg)?;
+    Ok(ClusterConfig {
+        partitions: args.partitions.or(cfg.cluster.partitions).unwrap_or(tessera_placement::DEFAULT_PARTITIONS),
+        stripe_size,
+        replication: args.replication.or(cfg.cluster.replication).unwrap_or(1),
+    })
+}
+
+async fn run_manager(cli: &Cli, args: &ManagerArgs, cfg: &config::FileConfig) -> Result<()> {
+    let secret = cli.secret.clone().or_else(|| cfg.secret.clone()).context("the manager needs a cluster secret: --secret or TESSERA_SECRET")?;
+    let listen = args.listen.clone().or_else(|| cli.manager.clone()).or_else(|| cfg.manager.clone()).unwrap_or_else(|| DEFAULT_MANAGER.into());
+    let http = args.http.clone().or_else(|| cfg.http.clone());
+    let opts = tessera_manager::ManagerOptions {
+        listen: config::addr(&listen, "listen")?,
+        http: http.as_deref().map(|h| config::addr(h, "http")).transpose()?,
+        secret: Secret::new(&secret),
+        http_token: secret,
+        expect_servers: args.expect.or(cfg.cluster.servers).unwrap_or(1),
+        config: cluster_config(args, cfg)?,
+        heartbeat_timeout: Duration::from_secs(5),
+        root_mode: 0o755,
+    };
+    let running = tessera_manager::start(opts).await?;
+    eprintln!("manager listening on {}", running.rpc_addr());
+    tokio::select! {
+        () = running.wait() => Ok(()),
+        r = shutdown_signal() => r,
+    }
+}
+
+async fn run_server(cli: &Cli, args: &ServerArgs, cfg: &config::FileConfig) -> Result<()> {
+    let secret = cli.secret.clone().or_else(|| cfg.secret.clone()).context("the server needs the cluster secret: --secret or TESSERA_SECRET")?;
+    let manager = cli.manager.clone().or_else(|| cfg.manager.clone()).unwrap_or_else(|| DEFAULT_MANAGER.into());
+    let listen = args.listen.clone().or_else(|| cfg.server.listen.clone()).unwrap_or_else(|| "127.0.0.1:0".into());
+    let memory = args.memory.clone().or_else(|| cfg.server.memory.clone()).context("how much memory should this server offer? --memory 4GiB")?;
+    let mut opts = tessera_server::ServerOptions::new(
+        config::addr(&listen, "listen")?,
+        config::addr(&manager, "manager")?,
+        Secret::new(&secret),
+        config::size(&memory)?,
+    );
+    opts.label = args.label.clone().or_else(|| cfg.server.label.clone());
+    let running = tessera_server::start(opts).await?;
+    eprintln!("server {} listening on {}", running.node(), running.addr());
+    tokio::select! {
+        () = running.wait() => Ok(()),
+        r = shutdown_signal() => r,
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
+
+/// A client for the commands that use a running cluster.
+async fn client(cli: &Cli, cfg: &config::FileConfig) -> Result<Client> {
+    let (manager, secret) = config::endpoint(cli.manager.as_deref(), cli.secret.as_deref(), cfg)?;
+    let mut opts = ClientOptions::new(manager, &secret);
+    opts.ready_timeout = Duration::from_secs(10);
+    Client::connect(opts).await.with_context(|| format!("connecting to the cluster at {manager}"))
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let cfg = config::load(cli.config.as_deref())?;
+    match &cli.cmd {
+        Cmd::Up(a) => up::run(&cli, a, &cfg).await,
+        Cmd::Manager(a) => run_manager(&cli, a, &cfg).await,
+        Cmd::Server(a) => run_server(&cli, a, &cfg).await,
+        Cmd::Status(a) => status::run(&client(&cli, &cfg).await?, a).await,
+        Cmd::Cp(a) => files::cp(&client(&cli, &cfg).await?, a).await,
+        Cmd::Ls(a) => files::ls(&client(&cli, &cfg).await?, a).await,
+        Cmd::Stat(a) => files::stat(&client(&cli, &cfg).await?, a).await,
+        Cmd::Rm(a) => files::rm(&client(&cli, &cfg).await?, a).await,
+        Cmd::Mkdir(a) => files::mkdir(&client(&cli, &cfg).await?, a).await,
+        Cmd::Cat(a) => files::cat(&client(&cli, &cfg).await?, a).await,
+        Cmd::Bench(a) => bench::run(client(&cli, &cfg).await?, a.clone()).await,
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let level = match cli.verbose {
+        0 => "warn,tessera_server=info,tessera_manager=info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tessera: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tessera: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

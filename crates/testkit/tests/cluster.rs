@@ -116,12 +116,13 @@ fn used(w: &mut Worker) -> Result<u64> {
     Ok(w.ok(&json!({"cmd": "usage"}))?["used"].as_u64().unwrap_or(0))
 }
 
-/// Waits until the servers report (through their heartbeats) less than `below` bytes in use.
-fn wait_used_below(w: &mut Worker, below: u64) -> Result<u64> {
+/// Waits until the bytes in use, as the servers report them in their heartbeats, satisfy `ok`
+/// (or 20 s pass); returns the last figure.
+fn wait_used(w: &mut Worker, ok: impl Fn(u64) -> bool) -> Result<u64> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let u = used(w)?;
-        if u < below || Instant::now() > deadline {
+        if ok(u) || Instant::now() > deadline {
             return Ok(u);
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -142,10 +143,10 @@ fn unlinked_file_lives_until_its_last_close() -> Result<()> {
     a.ok(&json!({"cmd": "write", "handle": h, "offset": MIB, "len": 100, "seed": 2}))?;
     let v = a.ok(&json!({"cmd": "read", "handle": h, "offset": MIB, "len": 100}))?;
     assert_eq!(v["hash"], digest(&pattern(2, MIB, 100)));
-    let before = wait_used_below(&mut b, u64::MAX)?;
+    let before = wait_used(&mut b, |u| u >= 8 * MIB)?;
     assert!(before >= 8 * MIB, "the data is still held: {before}");
     a.ok(&json!({"cmd": "close", "handle": h}))?;
-    let after = wait_used_below(&mut b, 8 * MIB)?;
+    let after = wait_used(&mut b, |u| u < 8 * MIB)?;
     assert!(after < 8 * MIB, "the last close freed the data: {before} -> {after}");
     Ok(())
 }
@@ -189,7 +190,7 @@ fn full_cluster_says_enospc_and_keeps_existing_files() -> Result<()> {
     w.fails(&json!({"cmd": "write_file", "path": "/big", "len": 200 * MIB, "seed": 6}), ENOSPC)?;
     assert_eq!(read_hash(&mut w, "/keep")?.1, digest(&pattern(5, 0, (8 * MIB) as usize)));
     w.ok(&json!({"cmd": "unlink", "path": "/big"}))?;
-    wait_used_below(&mut w, 20 * MIB)?;
+    wait_used(&mut w, |u| u < 20 * MIB)?;
     w.ok(&json!({"cmd": "write_file", "path": "/again", "len": 8 * MIB, "seed": 7}))?;
     assert_eq!(read_hash(&mut w, "/again")?.1, digest(&pattern(7, 0, (8 * MIB) as usize)));
     Ok(())

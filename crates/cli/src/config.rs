@@ -1,0 +1,133 @@
+//! Configuration: flags (with their `TESSERA_*` environment variables, handled by clap) win
+//! over the TOML file named by `--config`/`TESSERA_CONFIG`, which wins over the cluster file
+//! that `tessera up` writes, which wins over built-in defaults.
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// The configuration file. Unknown keys are errors, so a typo does not silently do nothing.
+#[derive(Debug, Default, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Where clients and servers find the manager.
+    pub manager: Option<String>,
+    pub secret: Option<String>,
+    /// The manager's HTTP admin API.
+    pub http: Option<String>,
+    #[serde(default)]
+    pub cluster: ClusterSection,
+    #[serde(default)]
+    pub server: ServerSection,
+}
+
+/// Settings fixed when a cluster is created (`tessera manager`, `tessera up`).
+#[derive(Debug, Default, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    pub servers: Option<u32>,
+    pub partitions: Option<u32>,
+    pub stripe_size: Option<String>,
+    pub replication: Option<u8>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    pub memory: Option<String>,
+    pub listen: Option<String>,
+    pub label: Option<String>,
+}
+
+/// `$TESSERA_HOME`, or `~/.tessera`.
+pub fn home() -> PathBuf {
+    match std::env::var_os("TESSERA_HOME") {
+        Some(h) => PathBuf::from(h),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into())).join(".tessera"),
+    }
+}
+
+/// Where `tessera up` leaves the address and secret of the cluster it runs.
+pub fn cluster_file() -> PathBuf {
+    home().join("cluster.toml")
+}
+
+pub fn read(path: &Path) -> Result<FileConfig> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("bad configuration in {}", path.display()))
+}
+
+/// The configuration in force: the explicit file (which must exist) over the cluster file.
+pub fn load(explicit: Option<&Path>) -> Result<FileConfig> {
+    let base = match cluster_file() {
+        p if p.exists() => read(&p)?,
+        _ => FileConfig::default(),
+    };
+    let Some(path) = explicit else { return Ok(base) };
+    let file = read(path)?;
+    Ok(FileConfig {
+        manager: file.manager.or(base.manager),
+        secret: file.secret.or(base.secret),
+        http: file.http.or(base.http),
+        cluster: file.cluster,
+        server: file.server,
+    })
+}
+
+pub fn size(text: &str) -> Result<u64> {
+    parse_size::parse_size(text).map_err(|e| anyhow!("bad size {text:?}: {e} (examples: 4GiB, 512MiB, 1g)"))
+}
+
+pub fn addr(text: &str, what: &str) -> Result<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    text.to_socket_addrs()
+        .with_context(|| format!("bad {what} address {text:?} (expected HOST:PORT)"))?
+        .next()
+        .ok_or_else(|| anyhow!("{what} address {text:?} resolves to nothing"))
+}
+
+/// The manager address and secret a client command uses.
+pub fn endpoint(flag_manager: Option<&str>, flag_secret: Option<&str>, cfg: &FileConfig) -> Result<(SocketAddr, String)> {
+    let how = "pass --manager/--secret, set TESSERA_MANAGER/TESSERA_SECRET, name a config file with \
+               --config or TESSERA_CONFIG, or start a local cluster with `tessera up` (it writes ";
+    let Some(manager) = flag_manager.map(str::to_string).or_else(|| cfg.manager.clone()) else {
+        bail!("no manager address: {how}{})", cluster_file().display());
+    };
+    let Some(secret) = flag_secret.map(str::to_string).or_else(|| cfg.secret.clone()) else {
+        bail!("no cluster secret: {how}{})", cluster_file().display());
+    };
+    Ok((addr(&manager, "manager")?, secret))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_rejects_unknown_keys() {
+        let c: FileConfig = toml::from_str(
+            "manager = \"10.0.0.1:7070\"\nsecret = \"s\"\n[cluster]\npartitions = 2048\nstripe_size = \"4MiB\"\n[server]\nmemory = \"8GiB\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.cluster.partitions, Some(2048));
+        assert_eq!(c.server.memory.as_deref(), Some("8GiB"));
+        assert!(toml::from_str::<FileConfig>("managr = \"x\"").is_err());
+        assert!(toml::from_str::<FileConfig>("[server]\nmemroy = \"1g\"").is_err());
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let cfg = FileConfig { manager: Some("127.0.0.1:1".into()), secret: Some("file".into()), ..FileConfig::default() };
+        let (a, s) = endpoint(Some("127.0.0.1:2"), None, &cfg).unwrap();
+        assert_eq!((a.port(), s.as_str()), (2, "file"));
+        assert!(endpoint(None, None, &FileConfig::default()).is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(size("4GiB").unwrap(), 4 << 30);
+        assert_eq!(size("512MiB").unwrap(), 512 << 20);
+        assert!(size("lots").is_err());
+    }
+}

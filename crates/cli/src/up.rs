@@ -1,0 +1,211 @@
+//! `tessera up`: a whole cluster on this machine, as child processes of this one: a manager and
+//! N servers on 127.0.0.2, .3, ... Ctrl-C (or SIGTERM) stops all of it.
+
+use crate::config::{self, FileConfig};
+use crate::Cli;
+use anyhow::{bail, Context, Result};
+use std::process::Stdio;
+use std::time::Duration;
+use tessera_client::{Client, ClientOptions};
+use tokio::process::{Child, Command};
+
+#[derive(clap::Args, Debug)]
+pub struct UpArgs {
+    /// Storage servers to start (default 4).
+    #[arg(long)]
+    servers: Option<u32>,
+    /// Memory per server (default: half of the available memory, shared among the servers).
+    #[arg(long)]
+    memory: Option<String>,
+    /// Address of the HTTP admin API (default 127.0.0.1:7071).
+    #[arg(long)]
+    http: Option<String>,
+    /// Partitions (default 1024).
+    #[arg(long)]
+    partitions: Option<u32>,
+    /// Stripe size (default 1MiB).
+    #[arg(long)]
+    stripe_size: Option<String>,
+    /// Copies of every partition (default 1).
+    #[arg(long)]
+    replication: Option<u8>,
+}
+
+/// Half of MemAvailable, split among `servers`, in whole MiB.
+fn default_memory(servers: u32) -> Result<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no MemAvailable in /proc/meminfo: pass --memory")?;
+    let per = kib * 1024 / 2 / u64::from(servers.max(1));
+    Ok((per >> 20) << 20)
+}
+
+fn child(args: &[String], secret: &str) -> Result<Child> {
+    let exe = std::env::current_exe().context("finding the tessera executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.args(args).env("TESSERA_SECRET", secret).stdin(Stdio::null()).kill_on_drop(true);
+    // SAFETY: prctl is async-signal-safe; it asks the kernel to stop the child if we die, so a
+    // killed `up` never leaves servers behind.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().with_context(|| format!("starting tessera {}", args.join(" ")))
+}
+
+struct Children(Vec<(String, Child)>);
+
+impl Children {
+    /// SIGTERM to all, then SIGKILL to whatever still runs after 5 s.
+    async fn stop(&mut self) {
+        for (_, c) in &self.0 {
+            if let Some(pid) = c.id() {
+                // SAFETY: kill(2) on our own child's pid.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+            }
+        }
+        for (name, c) in &mut self.0 {
+            if tokio::time::timeout(Duration::from_secs(5), c.wait()).await.is_err() {
+                eprintln!("{name} did not stop in 5 s; killing it");
+                let _ = c.kill().await;
+            }
+        }
+    }
+
+    /// Resolves when any child exits, naming it.
+    async fn first_exit(&mut self) -> String {
+        loop {
+            for (name, c) in &mut self.0 {
+                if let Ok(Some(status)) = c.try_wait() {
+                    return format!("{name} exited ({status})");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
+    let servers = args.servers.or(cfg.cluster.servers).unwrap_or(4);
+    if servers == 0 || servers > 250 {
+        bail!("--servers must be 1 to 250 (one loopback address each)");
+    }
+    let memory = match args.memory.as_ref().or(cfg.server.memory.as_ref()) {
+        Some(m) => config::size(m)?,
+        None => default_memory(servers)?,
+    };
+    if memory < 16 << 20 {
+        bail!("each server needs at least 16 MiB (got {memory} bytes)");
+    }
+    let manager = cli.manager.clone().or_else(|| cfg.manager.clone()).unwrap_or_else(|| crate::DEFAULT_MANAGER.into());
+    let manager_addr = config::addr(&manager, "manager")?;
+    let http = args.http.clone().or_else(|| cfg.http.clone()).unwrap_or_else(|| "127.0.0.1:7071".into());
+    let secret = cli.secret.clone().unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
+    let mut margs = vec!["manager".into(), "--listen".into(), manager.clone(), "--http".into(), http.clone()];
+    margs.extend(["--expect".into(), servers.to_string()]);
+    if let Some(p) = args.partitions.or(cfg.cluster.partitions) {
+        margs.extend(["--partitions".into(), p.to_string()]);
+    }
+    if let Some(s) = args.stripe_size.clone().or_else(|| cfg.cluster.stripe_size.clone()) {
+        margs.extend(["--stripe-size".into(), s]);
+    }
+    if let Some(r) = args.replication.or(cfg.cluster.replication) {
+        margs.extend(["--replication".into(), r.to_string()]);
+    }
+
+    let mut children = Children(vec![("manager".into(), child(&margs, &secret)?)]);
+    for i in 0..servers {
+        let sargs: Vec<String> = vec![
+            "server".into(),
+            "--listen".into(),
+            format!("127.0.0.{}:0", i + 2),
+            "--manager".into(),
+            manager.clone(),
+            "--memory".into(),
+            memory.to_string(),
+            "--label".into(),
+            format!("local-{}", i + 1),
+        ];
+        children.0.push((format!("server {}", i + 1), child(&sargs, &secret)?));
+    }
+
+    let mut opts = ClientOptions::new(manager_addr, &secret);
+    opts.ready_timeout = Duration::from_secs(60);
+    let ready = tokio::select! {
+        r = Client::connect(opts) => r.context("waiting for the cluster to become ready"),
+        why = children.first_exit() => Err(anyhow::anyhow!("{why} while the cluster was starting")),
+    };
+    let client = match ready {
+        Ok(c) => c,
+        Err(e) => {
+            children.stop().await;
+            return Err(e);
+        }
+    };
+    let file = config::cluster_file();
+    write_cluster_file(&file, &manager, &http, &secret)?;
+    let usage = client.usage().await?;
+    println!("Tessera is up: {servers} servers, {} of memory", human(usage.capacity));
+    println!("  manager    {manager}");
+    println!("  status     http://{http}/status  (Authorization: Bearer <secret>)");
+    println!("  cluster    {} (address and secret for the other commands)", file.display());
+    println!("Try: tessera status; tessera cp -r ./data tessera:/data. Ctrl-C stops the cluster.");
+
+    let outcome = tokio::select! {
+        r = crate::shutdown_signal() => r.map(|()| None),
+        why = children.first_exit() => Ok(Some(why)),
+    };
+    eprintln!("stopping the cluster");
+    children.stop().await;
+    let _ = std::fs::remove_file(&file);
+    match outcome? {
+        Some(why) => bail!("{why}; the cluster was stopped"),
+        None => Ok(()),
+    }
+}
+
+fn write_cluster_file(path: &std::path::Path, manager: &str, http: &str, secret: &str) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let cfg = FileConfig {
+        manager: Some(manager.into()),
+        secret: Some(secret.into()),
+        http: Some(http.into()),
+        ..FileConfig::default()
+    };
+    let text = format!("# Written by `tessera up`; removed when it stops.\n{}", toml::to_string(&cfg)?);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    std::io::Write::write_all(&mut f, text.as_bytes())?;
+    Ok(())
+}
+
+/// Bytes as a short human-readable figure.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
