@@ -85,7 +85,9 @@ fn loopback_tcp(bytes: u64) -> Result<f64> {
         s.write_all(&buf)?;
     }
     drop(s);
-    let got = sink.join().map_err(|_| anyhow::anyhow!("loopback reader panicked"))??;
+    let got = sink
+        .join()
+        .map_err(|_| anyhow::anyhow!("loopback reader panicked"))??;
     Ok(got as f64 / start.elapsed().as_secs_f64() / GB)
 }
 
@@ -94,7 +96,10 @@ pub async fn run(client: Client, args: BenchArgs) -> Result<()> {
     let size = parse(&args.size)?;
     let block = parse(&args.block)?.max(1);
     let dir = format!("/.bench-{:08x}", rand::random::<u32>());
-    client.create_dir(&dir).await.with_context(|| format!("creating {dir}"))?;
+    client
+        .create_dir(&dir)
+        .await
+        .with_context(|| format!("creating {dir}"))?;
     let result = measure(&client, &args, &dir, size, block).await;
     // Leave nothing behind, whatever happened.
     let cleaned = client.remove_all(&dir).await;
@@ -113,20 +118,38 @@ pub async fn run(client: Client, args: BenchArgs) -> Result<()> {
         report.read_gbps,
         100.0 * report.read_gbps / tcp
     );
-    println!("creates ({} tasks)         {:8.0} /s", report.tasks, report.creates_per_s);
-    println!("stats   ({} tasks)         {:8.0} /s", report.tasks, report.stats_per_s);
-    println!("unlinks ({} tasks)         {:8.0} /s", report.tasks, report.unlinks_per_s);
+    println!(
+        "creates ({} tasks)         {:8.0} /s",
+        report.tasks, report.creates_per_s
+    );
+    println!(
+        "stats   ({} tasks)         {:8.0} /s",
+        report.tasks, report.stats_per_s
+    );
+    println!(
+        "unlinks ({} tasks)         {:8.0} /s",
+        report.tasks, report.unlinks_per_s
+    );
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
 
-async fn measure(client: &Client, args: &BenchArgs, dir: &str, size: u64, block: u64) -> Result<Report> {
+async fn measure(
+    client: &Client,
+    args: &BenchArgs,
+    dir: &str,
+    size: u64,
+    block: u64,
+) -> Result<Report> {
     let tcp_bytes = size.clamp(256 << 20, 4 << 30);
     let loopback_tcp_gbps = tokio::task::spawn_blocking(move || loopback_tcp(tcp_bytes)).await??;
 
-    let data: Vec<u8> = (0..block).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let data: Vec<u8> = (0..block)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
     let path = format!("{dir}/seq");
     let pb = bar(size, "write");
     let start = Instant::now();
@@ -150,7 +173,10 @@ async fn measure(client: &Client, args: &BenchArgs, dir: &str, size: u64, block:
         let got = f.read_at(off, block as usize).await?;
         anyhow::ensure!(!got.is_empty(), "file ended early at {off} of {size}");
         if args.verify {
-            anyhow::ensure!(got[..] == data[..got.len()], "data read back differs at offset {off}");
+            anyhow::ensure!(
+                got[..] == data[..got.len()],
+                "data read back differs at offset {off}"
+            );
         }
         off += got.len() as u64;
         pb.set_position(off);
@@ -163,7 +189,17 @@ async fn measure(client: &Client, args: &BenchArgs, dir: &str, size: u64, block:
     let meta_dir = client.create_dir(&format!("{dir}/meta")).await?.ino;
     let (files, tasks) = (args.files.max(1), args.tasks.max(1));
     let creates = per_second(files, tasks, |i| async move {
-        client.create(meta_dir, format!("f{i}").as_bytes(), 0o644, true, &OpenOptions::create()).await?.close().await
+        client
+            .create(
+                meta_dir,
+                format!("f{i}").as_bytes(),
+                0o644,
+                true,
+                &OpenOptions::create(),
+            )
+            .await?
+            .close()
+            .await
     })
     .await?;
     let stats = per_second(files, tasks, |i| {
@@ -171,7 +207,10 @@ async fn measure(client: &Client, args: &BenchArgs, dir: &str, size: u64, block:
         async move { client.stat(&path).await.map(drop) }
     })
     .await?;
-    let unlinks = per_second(files, tasks, |i| async move { client.unlink(meta_dir, format!("f{i}").as_bytes()).await }).await?;
+    let unlinks = per_second(files, tasks, |i| async move {
+        client.unlink(meta_dir, format!("f{i}").as_bytes()).await
+    })
+    .await?;
 
     Ok(Report {
         loopback_tcp_gbps,
@@ -195,6 +234,10 @@ where
 {
     use futures::stream::{self, StreamExt, TryStreamExt};
     let start = Instant::now();
-    stream::iter(0..n).map(&op).buffer_unordered(tasks).try_collect::<()>().await?;
+    stream::iter(0..n)
+        .map(&op)
+        .buffer_unordered(tasks)
+        .try_collect::<()>()
+        .await?;
     Ok(start.elapsed())
 }

@@ -44,7 +44,8 @@ pub struct ServerSection {
 pub fn home() -> PathBuf {
     match std::env::var_os("TESSERA_HOME") {
         Some(h) => PathBuf::from(h),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into())).join(".tessera"),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into()))
+            .join(".tessera"),
     }
 }
 
@@ -54,7 +55,8 @@ pub fn cluster_file() -> PathBuf {
 }
 
 pub fn read(path: &Path) -> Result<FileConfig> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     toml::from_str(&text).with_context(|| format!("bad configuration in {}", path.display()))
 }
 
@@ -64,7 +66,9 @@ pub fn load(explicit: Option<&Path>) -> Result<FileConfig> {
         p if p.exists() => read(&p)?,
         _ => FileConfig::default(),
     };
-    let Some(path) = explicit else { return Ok(base) };
+    let Some(path) = explicit else {
+        return Ok(base);
+    };
     let file = read(path)?;
     Ok(FileConfig {
         manager: file.manager.or(base.manager),
@@ -76,7 +80,8 @@ pub fn load(explicit: Option<&Path>) -> Result<FileConfig> {
 }
 
 pub fn size(text: &str) -> Result<u64> {
-    parse_size::parse_size(text).map_err(|e| anyhow!("bad size {text:?}: {e} (examples: 4GiB, 512MiB, 1g)"))
+    parse_size::parse_size(text)
+        .map_err(|e| anyhow!("bad size {text:?}: {e} (examples: 4GiB, 512MiB, 1g)"))
 }
 
 pub fn addr(text: &str, what: &str) -> Result<SocketAddr> {
@@ -88,13 +93,24 @@ pub fn addr(text: &str, what: &str) -> Result<SocketAddr> {
 }
 
 /// The manager address and secret a client command uses.
-pub fn endpoint(flag_manager: Option<&str>, flag_secret: Option<&str>, cfg: &FileConfig) -> Result<(SocketAddr, String)> {
-    let how = "pass --manager/--secret, set TESSERA_MANAGER/TESSERA_SECRET, name a config file with \
+pub fn endpoint(
+    flag_manager: Option<&str>,
+    flag_secret: Option<&str>,
+    cfg: &FileConfig,
+) -> Result<(SocketAddr, String)> {
+    let how =
+        "pass --manager/--secret, set TESSERA_MANAGER/TESSERA_SECRET, name a config file with \
                --config or TESSERA_CONFIG, or start a local cluster with `tessera up` (it writes ";
-    let Some(manager) = flag_manager.map(str::to_string).or_else(|| cfg.manager.clone()) else {
+    let Some(manager) = flag_manager
+        .map(str::to_string)
+        .or_else(|| cfg.manager.clone())
+    else {
         bail!("no manager address: {how}{})", cluster_file().display());
     };
-    let Some(secret) = flag_secret.map(str::to_string).or_else(|| cfg.secret.clone()) else {
+    let Some(secret) = flag_secret
+        .map(str::to_string)
+        .or_else(|| cfg.secret.clone())
+    else {
         bail!("no cluster secret: {how}{})", cluster_file().display());
     };
     Ok((addr(&manager, "manager")?, secret))
@@ -118,7 +134,11 @@ mod tests {
 
     #[test]
     fn flags_win_over_the_file() {
-        let cfg = FileConfig { manager: Some("127.0.0.1:1".into()), secret: Some("file".into()), ..FileConfig::default() };
+        let cfg = FileConfig {
+            manager: Some("127.0.0.1:1".into()),
+            secret: Some("file".into()),
+            ..FileConfig::default()
+        };
         let (a, s) = endpoint(Some("127.0.0.1:2"), None, &cfg).unwrap();
         assert_eq!((a.port(), s.as_str()), (2, "file"));
         assert!(endpoint(None, None, &FileConfig::default()).is_err());

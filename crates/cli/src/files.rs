@@ -89,7 +89,12 @@ impl Loc {
     fn name(&self) -> Option<String> {
         match self {
             Self::Local(p) => p.file_name().map(|n| n.to_string_lossy().into_owned()),
-            Self::Remote(p) => p.trim_end_matches('/').rsplit('/').next().filter(|n| !n.is_empty()).map(str::to_string),
+            Self::Remote(p) => p
+                .trim_end_matches('/')
+                .rsplit('/')
+                .next()
+                .filter(|n| !n.is_empty())
+                .map(str::to_string),
         }
     }
 
@@ -128,11 +133,17 @@ struct Job {
 
 /// Expands sources into file jobs (creating destination directories on the way).
 async fn plan(c: &Client, args: &CpArgs) -> Result<(Vec<Job>, u64)> {
-    let (dst, srcs) = args.paths.split_last().context("cp needs a source and a destination")?;
+    let (dst, srcs) = args
+        .paths
+        .split_last()
+        .context("cp needs a source and a destination")?;
     let dst = Loc::parse(dst);
     let dst_is_dir = matches!(dst.probe(c).await?, Some((true, _, _)));
     if srcs.len() > 1 && !dst_is_dir {
-        bail!("copying several sources needs an existing directory as the destination: {}", dst.show());
+        bail!(
+            "copying several sources needs an existing directory as the destination: {}",
+            dst.show()
+        );
     }
     let (mut jobs, mut total) = (Vec::new(), 0u64);
     for s in srcs {
@@ -146,7 +157,11 @@ async fn plan(c: &Client, args: &CpArgs) -> Result<(Vec<Job>, u64)> {
         };
         if !is_dir {
             total += size;
-            jobs.push(Job { src, dst: target, mode });
+            jobs.push(Job {
+                src,
+                dst: target,
+                mode,
+            });
             continue;
         }
         if !args.recursive {
@@ -161,7 +176,11 @@ async fn plan(c: &Client, args: &CpArgs) -> Result<(Vec<Job>, u64)> {
                     dirs.push((from.join(&name), to.join(&name)));
                 } else {
                     total += size;
-                    jobs.push(Job { src: from.join(&name), dst: to.join(&name), mode });
+                    jobs.push(Job {
+                        src: from.join(&name),
+                        dst: to.join(&name),
+                        mode,
+                    });
                 }
             }
         }
@@ -171,8 +190,14 @@ async fn plan(c: &Client, args: &CpArgs) -> Result<(Vec<Job>, u64)> {
 
 async fn make_dir(c: &Client, d: &Loc) -> Result<()> {
     match d {
-        Loc::Local(p) => tokio::fs::create_dir_all(p).await.with_context(|| format!("creating {}", p.display())),
-        Loc::Remote(p) => c.create_dir_all(p).await.map(drop).with_context(|| d.show()),
+        Loc::Local(p) => tokio::fs::create_dir_all(p)
+            .await
+            .with_context(|| format!("creating {}", p.display())),
+        Loc::Remote(p) => c
+            .create_dir_all(p)
+            .await
+            .map(drop)
+            .with_context(|| d.show()),
     }
 }
 
@@ -182,10 +207,17 @@ async fn list(c: &Client, d: &Loc) -> Result<Vec<(String, bool, u64, u32)>> {
         Loc::Local(p) => {
             use std::os::unix::fs::PermissionsExt;
             let mut out = Vec::new();
-            let mut rd = tokio::fs::read_dir(p).await.with_context(|| format!("listing {}", p.display()))?;
+            let mut rd = tokio::fs::read_dir(p)
+                .await
+                .with_context(|| format!("listing {}", p.display()))?;
             while let Some(e) = rd.next_entry().await? {
                 let m = tokio::fs::metadata(e.path()).await?;
-                out.push((e.file_name().to_string_lossy().into_owned(), m.is_dir(), m.len(), m.permissions().mode() & 0o7777));
+                out.push((
+                    e.file_name().to_string_lossy().into_owned(),
+                    m.is_dir(),
+                    m.len(),
+                    m.permissions().mode() & 0o7777,
+                ));
             }
             Ok(out)
         }
@@ -203,20 +235,35 @@ async fn list(c: &Client, d: &Loc) -> Result<Vec<(String, bool, u64, u32)>> {
 async fn copy_one(c: &Client, job: &Job, pb: &ProgressBar) -> Result<()> {
     let chunk = c.stripe_size() as usize;
     let mut local_in = match &job.src {
-        Loc::Local(p) => Some(tokio::fs::File::open(p).await.with_context(|| format!("opening {}", p.display()))?),
+        Loc::Local(p) => Some(
+            tokio::fs::File::open(p)
+                .await
+                .with_context(|| format!("opening {}", p.display()))?,
+        ),
         Loc::Remote(_) => None,
     };
     let mut remote_in = match &job.src {
-        Loc::Remote(p) => Some(c.open(p, &OpenOptions::read()).await.with_context(|| job.src.show())?),
+        Loc::Remote(p) => Some(
+            c.open(p, &OpenOptions::read())
+                .await
+                .with_context(|| job.src.show())?,
+        ),
         Loc::Local(_) => None,
     };
     let mut local_out = match &job.dst {
-        Loc::Local(p) => Some(tokio::fs::File::create(p).await.with_context(|| format!("creating {}", p.display()))?),
+        Loc::Local(p) => Some(
+            tokio::fs::File::create(p)
+                .await
+                .with_context(|| format!("creating {}", p.display()))?,
+        ),
         Loc::Remote(_) => None,
     };
     let mut remote_out = match &job.dst {
         Loc::Remote(p) => {
-            let opts = OpenOptions { mode: job.mode, ..OpenOptions::create() };
+            let opts = OpenOptions {
+                mode: job.mode,
+                ..OpenOptions::create()
+            };
             Some(c.open(p, &opts).await.with_context(|| job.dst.show())?)
         }
         Loc::Local(_) => None,
@@ -228,7 +275,9 @@ async fn copy_one(c: &Client, job: &Job, pb: &ProgressBar) -> Result<()> {
             let n = f.read(&mut buf).await?;
             bytes::Bytes::copy_from_slice(&buf[..n])
         } else if let Some(f) = remote_in.as_mut() {
-            f.read_at(off, chunk).await.with_context(|| job.src.show())?
+            f.read_at(off, chunk)
+                .await
+                .with_context(|| job.src.show())?
         } else {
             unreachable!("a source is local or remote")
         };
@@ -238,7 +287,9 @@ async fn copy_one(c: &Client, job: &Job, pb: &ProgressBar) -> Result<()> {
         if let Some(f) = local_out.as_mut() {
             f.write_all(&data).await?;
         } else if let Some(f) = remote_out.as_mut() {
-            f.write_at(off, &data).await.with_context(|| job.dst.show())?;
+            f.write_at(off, &data)
+                .await
+                .with_context(|| job.dst.show())?;
         }
         off += data.len() as u64;
         pb.inc(data.len() as u64);
@@ -261,16 +312,25 @@ pub async fn cp(c: &Client, args: &CpArgs) -> Result<()> {
     let (jobs, total) = plan(c, args).await?;
     let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
     pb.set_style(
-        ProgressStyle::with_template("{bytes}/{total_bytes} [{bar:40}] {bytes_per_sec} {pos:>} eta {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{bytes}/{total_bytes} [{bar:40}] {bytes_per_sec} {pos:>} eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
     );
     let files = jobs.len();
     let start = std::time::Instant::now();
-    stream::iter(jobs.iter().map(|j| copy_one(c, j, &pb))).buffer_unordered(args.jobs.max(1)).try_collect::<()>().await?;
+    stream::iter(jobs.iter().map(|j| copy_one(c, j, &pb)))
+        .buffer_unordered(args.jobs.max(1))
+        .try_collect::<()>()
+        .await?;
     pb.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
-    eprintln!("copied {files} files, {} in {secs:.2} s ({}/s)", human(total), human((total as f64 / secs.max(1e-9)) as u64));
+    eprintln!(
+        "copied {files} files, {} in {secs:.2} s ({}/s)",
+        human(total),
+        human((total as f64 / secs.max(1e-9)) as u64)
+    );
     Ok(())
 }
 
@@ -285,7 +345,16 @@ fn mode_string(i: &Inode) -> String {
         FileKind::Symlink => 'l',
         FileKind::File => '-',
     };
-    let bits: String = (0..9).rev().map(|b| if i.mode & (1 << b) != 0 { ['x', 'w', 'r'][b % 3] } else { '-' }).collect();
+    let bits: String = (0..9)
+        .rev()
+        .map(|b| {
+            if i.mode & (1 << b) != 0 {
+                ['x', 'w', 'r'][b % 3]
+            } else {
+                '-'
+            }
+        })
+        .collect();
     format!("{kind}{bits}")
 }
 
@@ -302,15 +371,25 @@ fn time(t: Timespec) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 pub async fn ls(c: &Client, args: &LsArgs) -> Result<()> {
     for p in &args.paths {
         let path = remote(p);
-        let inode = c.stat(&path).await.with_context(|| format!("tessera:{path}"))?;
+        let inode = c
+            .stat(&path)
+            .await
+            .with_context(|| format!("tessera:{path}"))?;
         let mut entries = if inode.kind == FileKind::Dir {
-            c.read_dir(&path).await.with_context(|| format!("tessera:{path}"))?
+            c.read_dir(&path)
+                .await
+                .with_context(|| format!("tessera:{path}"))?
         } else {
             vec![(path.rsplit('/').next().unwrap_or("").to_string(), inode)]
         };
@@ -320,7 +399,13 @@ pub async fn ls(c: &Client, args: &LsArgs) -> Result<()> {
         }
         for (name, i) in entries {
             if args.long {
-                println!("{} {:>3} {:>12} {} {name}", mode_string(&i), i.nlink, i.size, time(i.mtime));
+                println!(
+                    "{} {:>3} {:>12} {} {name}",
+                    mode_string(&i),
+                    i.nlink,
+                    i.size,
+                    time(i.mtime)
+                );
             } else {
                 println!("{name}");
             }
@@ -332,15 +417,27 @@ pub async fn ls(c: &Client, args: &LsArgs) -> Result<()> {
 pub async fn stat(c: &Client, args: &StatArgs) -> Result<()> {
     for p in &args.paths {
         let path = remote(p);
-        let i = c.lstat(&path).await.with_context(|| format!("tessera:{path}"))?;
+        let i = c
+            .lstat(&path)
+            .await
+            .with_context(|| format!("tessera:{path}"))?;
         if args.json {
             println!("{}", serde_json::to_string(&i)?);
             continue;
         }
         println!("  path: tessera:{path}");
-        println!("  kind: {:?}   inode: {}   links: {}", i.kind, i.ino, i.nlink);
+        println!(
+            "  kind: {:?}   inode: {}   links: {}",
+            i.kind, i.ino, i.nlink
+        );
         println!("  size: {} ({})", i.size, human(i.size));
-        println!("  mode: {:04o} ({})   uid: {}   gid: {}", i.mode, mode_string(&i), i.uid, i.gid);
+        println!(
+            "  mode: {:04o} ({})   uid: {}   gid: {}",
+            i.mode,
+            mode_string(&i),
+            i.uid,
+            i.gid
+        );
         println!("access: {}.{:09} UTC", time(i.atime), i.atime.nanos);
         println!("modify: {}.{:09} UTC", time(i.mtime), i.mtime.nanos);
         println!("change: {}.{:09} UTC", time(i.ctime), i.ctime.nanos);
@@ -354,7 +451,10 @@ pub async fn stat(c: &Client, args: &StatArgs) -> Result<()> {
 pub async fn rm(c: &Client, args: &RmArgs) -> Result<()> {
     for p in &args.paths {
         let path = remote(p);
-        let i = c.lstat(&path).await.with_context(|| format!("tessera:{path}"))?;
+        let i = c
+            .lstat(&path)
+            .await
+            .with_context(|| format!("tessera:{path}"))?;
         let done = match (i.kind, args.recursive) {
             (FileKind::Dir, false) => bail!("tessera:{path} is a directory (use -r)"),
             (FileKind::Dir, true) => c.remove_all(&path).await,
@@ -368,7 +468,11 @@ pub async fn rm(c: &Client, args: &RmArgs) -> Result<()> {
 pub async fn mkdir(c: &Client, args: &MkdirArgs) -> Result<()> {
     for p in &args.paths {
         let path = remote(p);
-        let made = if args.parents { c.create_dir_all(&path).await } else { c.create_dir(&path).await };
+        let made = if args.parents {
+            c.create_dir_all(&path).await
+        } else {
+            c.create_dir(&path).await
+        };
         made.with_context(|| format!("creating tessera:{path}"))?;
     }
     Ok(())
@@ -378,7 +482,10 @@ pub async fn cat(c: &Client, args: &CatArgs) -> Result<()> {
     let mut out = tokio::io::stdout();
     for p in &args.paths {
         let path = remote(p);
-        let mut f = c.open(&path, &OpenOptions::read()).await.with_context(|| format!("tessera:{path}"))?;
+        let mut f = c
+            .open(&path, &OpenOptions::read())
+            .await
+            .with_context(|| format!("tessera:{path}"))?;
         let mut off = 0;
         loop {
             let data = f.read_at(off, c.stripe_size() as usize).await?;
@@ -416,6 +523,12 @@ mod tests {
     #[test]
     fn dates() {
         assert_eq!(time(Timespec { secs: 0, nanos: 0 }), "1970-01-01 00:00:00");
-        assert_eq!(time(Timespec { secs: 1_795_000_000, nanos: 0 }), "2026-11-18 08:26:40");
+        assert_eq!(
+            time(Timespec {
+                secs: 1_795_000_000,
+                nanos: 0
+            }),
+            "2026-11-18 08:26:40"
+        );
     }
 }

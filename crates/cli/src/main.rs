@@ -14,7 +14,11 @@ use tessera_client::{Client, ClientOptions};
 use tessera_proto::{ClusterConfig, Secret};
 
 #[derive(Parser, Debug)]
-#[command(name = "tessera", version, about = "An elastic in-memory file system for scientific workflows")]
+#[command(
+    name = "tessera",
+    version,
+    about = "An elastic in-memory file system for scientific workflows"
+)]
 struct Cli {
     /// Configuration file (TOML); see docs/CLI.md.
     #[arg(long, global = true, env = "TESSERA_CONFIG")]
@@ -96,22 +100,42 @@ struct ServerArgs {
 pub const DEFAULT_MANAGER: &str = "127.0.0.1:7070";
 
 fn cluster_config(args: &ManagerArgs, cfg: &config::FileConfig) -> Result<ClusterConfig> {
-    let stripe = args.stripe_size.clone().or_else(|| cfg.cluster.stripe_size.clone()).unwrap_or_else(|| "1MiB".into());
-    let stripe_size = tessera_placement::validate_stripe_size(config::size(&stripe)?).map_err(anyhow::Error::msg)?;
+    let stripe = args
+        .stripe_size
+        .clone()
+        .or_else(|| cfg.cluster.stripe_size.clone())
+        .unwrap_or_else(|| "1MiB".into());
+    let stripe_size = tessera_placement::validate_stripe_size(config::size(&stripe)?)
+        .map_err(anyhow::Error::msg)?;
     Ok(ClusterConfig {
-        partitions: args.partitions.or(cfg.cluster.partitions).unwrap_or(tessera_placement::DEFAULT_PARTITIONS),
+        partitions: args
+            .partitions
+            .or(cfg.cluster.partitions)
+            .unwrap_or(tessera_placement::DEFAULT_PARTITIONS),
         stripe_size,
         replication: args.replication.or(cfg.cluster.replication).unwrap_or(1),
     })
 }
 
 async fn run_manager(cli: &Cli, args: &ManagerArgs, cfg: &config::FileConfig) -> Result<()> {
-    let secret = cli.secret.clone().or_else(|| cfg.secret.clone()).context("the manager needs a cluster secret: --secret or TESSERA_SECRET")?;
-    let listen = args.listen.clone().or_else(|| cli.manager.clone()).or_else(|| cfg.manager.clone()).unwrap_or_else(|| DEFAULT_MANAGER.into());
+    let secret = cli
+        .secret
+        .clone()
+        .or_else(|| cfg.secret.clone())
+        .context("the manager needs a cluster secret: --secret or TESSERA_SECRET")?;
+    let listen = args
+        .listen
+        .clone()
+        .or_else(|| cli.manager.clone())
+        .or_else(|| cfg.manager.clone())
+        .unwrap_or_else(|| DEFAULT_MANAGER.into());
     let http = args.http.clone().or_else(|| cfg.http.clone());
     let opts = tessera_manager::ManagerOptions {
         listen: config::addr(&listen, "listen")?,
-        http: http.as_deref().map(|h| config::addr(h, "http")).transpose()?,
+        http: http
+            .as_deref()
+            .map(|h| config::addr(h, "http"))
+            .transpose()?,
         secret: Secret::new(&secret),
         http_token: secret,
         expect_servers: args.expect.or(cfg.cluster.servers).unwrap_or(1),
@@ -128,10 +152,26 @@ async fn run_manager(cli: &Cli, args: &ManagerArgs, cfg: &config::FileConfig) ->
 }
 
 async fn run_server(cli: &Cli, args: &ServerArgs, cfg: &config::FileConfig) -> Result<()> {
-    let secret = cli.secret.clone().or_else(|| cfg.secret.clone()).context("the server needs the cluster secret: --secret or TESSERA_SECRET")?;
-    let manager = cli.manager.clone().or_else(|| cfg.manager.clone()).unwrap_or_else(|| DEFAULT_MANAGER.into());
-    let listen = args.listen.clone().or_else(|| cfg.server.listen.clone()).unwrap_or_else(|| "127.0.0.1:0".into());
-    let memory = args.memory.clone().or_else(|| cfg.server.memory.clone()).context("how much memory should this server offer? --memory 4GiB")?;
+    let secret = cli
+        .secret
+        .clone()
+        .or_else(|| cfg.secret.clone())
+        .context("the server needs the cluster secret: --secret or TESSERA_SECRET")?;
+    let manager = cli
+        .manager
+        .clone()
+        .or_else(|| cfg.manager.clone())
+        .unwrap_or_else(|| DEFAULT_MANAGER.into());
+    let listen = args
+        .listen
+        .clone()
+        .or_else(|| cfg.server.listen.clone())
+        .unwrap_or_else(|| "127.0.0.1:0".into());
+    let memory = args
+        .memory
+        .clone()
+        .or_else(|| cfg.server.memory.clone())
+        .context("how much memory should this server offer? --memory 4GiB")?;
     let mut opts = tessera_server::ServerOptions::new(
         config::addr(&listen, "listen")?,
         config::addr(&manager, "manager")?,
@@ -162,7 +202,9 @@ async fn client(cli: &Cli, cfg: &config::FileConfig) -> Result<Client> {
     let (manager, secret) = config::endpoint(cli.manager.as_deref(), cli.secret.as_deref(), cfg)?;
     let mut opts = ClientOptions::new(manager, &secret);
     opts.ready_timeout = Duration::from_secs(10);
-    Client::connect(opts).await.with_context(|| format!("connecting to the cluster at {manager}"))
+    Client::connect(opts)
+        .await
+        .with_context(|| format!("connecting to the cluster at {manager}"))
 }
 
 async fn run(cli: Cli) -> Result<()> {
@@ -189,8 +231,12 @@ fn main() -> std::process::ExitCode {
         1 => "debug",
         _ => "trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

@@ -23,7 +23,9 @@ pub async fn run(client: &Client, args: &StatusArgs) -> Result<()> {
         return Ok(());
     }
     let c = s.config;
-    let epoch = s.epoch.map_or_else(|| "none yet".to_string(), |e| e.to_string());
+    let epoch = s
+        .epoch
+        .map_or_else(|| "none yet".to_string(), |e| e.to_string());
     println!(
         "epoch {epoch} | {} partitions | stripe {} | replication {} | {} of {} servers joined",
         c.partitions,
@@ -32,10 +34,17 @@ pub async fn run(client: &Client, args: &StatusArgs) -> Result<()> {
         s.nodes.len(),
         s.expected_servers
     );
-    println!("{:>4}  {:<21} {:<5} {:>5}  {:<24} {:>21}  {:>5}", "node", "address", "state", "parts", "memory", "used / capacity", "load");
+    println!(
+        "{:>4}  {:<21} {:<5} {:>5}  {:<24} {:>21}  {:>5}",
+        "node", "address", "state", "parts", "memory", "used / capacity", "load"
+    );
     let (mut used, mut cap) = (0u64, 0u64);
     for n in &s.nodes {
-        let frac = if n.stats.capacity == 0 { 0.0 } else { n.stats.used as f64 / n.stats.capacity as f64 };
+        let frac = if n.stats.capacity == 0 {
+            0.0
+        } else {
+            n.stats.used as f64 / n.stats.capacity as f64
+        };
         if n.alive {
             used += n.stats.used;
             cap += n.stats.capacity;
@@ -53,7 +62,16 @@ pub async fn run(client: &Client, args: &StatusArgs) -> Result<()> {
             n.stats.load
         );
     }
-    let frac = if cap == 0 { 0.0 } else { used as f64 / cap as f64 };
-    println!("total: {} of {} used ({:.1} %) on live servers", human(used), human(cap), 100.0 * frac);
+    let frac = if cap == 0 {
+        0.0
+    } else {
+        used as f64 / cap as f64
+    };
+    println!(
+        "total: {} of {} used ({:.1} %) on live servers",
+        human(used),
+        human(cap),
+        100.0 * frac
+    );
     Ok(())
 }

@@ -46,7 +46,10 @@ fn default_memory(servers: u32) -> Result<u64> {
 fn child(args: &[String], secret: &str) -> Result<Child> {
     let exe = std::env::current_exe().context("finding the tessera executable")?;
     let mut cmd = Command::new(exe);
-    cmd.args(args).env("TESSERA_SECRET", secret).stdin(Stdio::null()).kill_on_drop(true);
+    cmd.args(args)
+        .env("TESSERA_SECRET", secret)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
     // SAFETY: prctl is async-signal-safe; it asks the kernel to stop the child if we die, so a
     // killed `up` never leaves servers behind.
     unsafe {
@@ -57,7 +60,8 @@ fn child(args: &[String], secret: &str) -> Result<Child> {
             Ok(())
         });
     }
-    cmd.spawn().with_context(|| format!("starting tessera {}", args.join(" ")))
+    cmd.spawn()
+        .with_context(|| format!("starting tessera {}", args.join(" ")))
 }
 
 struct Children(Vec<(String, Child)>);
@@ -72,7 +76,10 @@ impl Children {
             }
         }
         for (name, c) in &mut self.0 {
-            if tokio::time::timeout(Duration::from_secs(5), c.wait()).await.is_err() {
+            if tokio::time::timeout(Duration::from_secs(5), c.wait())
+                .await
+                .is_err()
+            {
                 eprintln!("{name} did not stop in 5 s; killing it");
                 let _ = c.kill().await;
             }
@@ -104,16 +111,37 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
     if memory < 16 << 20 {
         bail!("each server needs at least 16 MiB (got {memory} bytes)");
     }
-    let manager = cli.manager.clone().or_else(|| cfg.manager.clone()).unwrap_or_else(|| crate::DEFAULT_MANAGER.into());
+    let manager = cli
+        .manager
+        .clone()
+        .or_else(|| cfg.manager.clone())
+        .unwrap_or_else(|| crate::DEFAULT_MANAGER.into());
     let manager_addr = config::addr(&manager, "manager")?;
-    let http = args.http.clone().or_else(|| cfg.http.clone()).unwrap_or_else(|| "127.0.0.1:7071".into());
-    let secret = cli.secret.clone().unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
-    let mut margs = vec!["manager".into(), "--listen".into(), manager.clone(), "--http".into(), http.clone()];
+    let http = args
+        .http
+        .clone()
+        .or_else(|| cfg.http.clone())
+        .unwrap_or_else(|| "127.0.0.1:7071".into());
+    let secret = cli
+        .secret
+        .clone()
+        .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
+    let mut margs = vec![
+        "manager".into(),
+        "--listen".into(),
+        manager.clone(),
+        "--http".into(),
+        http.clone(),
+    ];
     margs.extend(["--expect".into(), servers.to_string()]);
     if let Some(p) = args.partitions.or(cfg.cluster.partitions) {
         margs.extend(["--partitions".into(), p.to_string()]);
     }
-    if let Some(s) = args.stripe_size.clone().or_else(|| cfg.cluster.stripe_size.clone()) {
+    if let Some(s) = args
+        .stripe_size
+        .clone()
+        .or_else(|| cfg.cluster.stripe_size.clone())
+    {
         margs.extend(["--stripe-size".into(), s]);
     }
     if let Some(r) = args.replication.or(cfg.cluster.replication) {
@@ -133,7 +161,9 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
             "--label".into(),
             format!("local-{}", i + 1),
         ];
-        children.0.push((format!("server {}", i + 1), child(&sargs, &secret)?));
+        children
+            .0
+            .push((format!("server {}", i + 1), child(&sargs, &secret)?));
     }
 
     let mut opts = ClientOptions::new(manager_addr, &secret);
@@ -152,10 +182,16 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
     let file = config::cluster_file();
     write_cluster_file(&file, &manager, &http, &secret)?;
     let usage = client.usage().await?;
-    println!("Tessera is up: {servers} servers, {} of memory", human(usage.capacity));
+    println!(
+        "Tessera is up: {servers} servers, {} of memory",
+        human(usage.capacity)
+    );
     println!("  manager    {manager}");
     println!("  status     http://{http}/status  (Authorization: Bearer <secret>)");
-    println!("  cluster    {} (address and secret for the other commands)", file.display());
+    println!(
+        "  cluster    {} (address and secret for the other commands)",
+        file.display()
+    );
     println!("Try: tessera status; tessera cp -r ./data tessera:/data. Ctrl-C stops the cluster.");
 
     let outcome = tokio::select! {
@@ -171,10 +207,19 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
     }
 }
 
-fn write_cluster_file(path: &std::path::Path, manager: &str, http: &str, secret: &str) -> Result<()> {
+fn write_cluster_file(
+    path: &std::path::Path,
+    manager: &str,
+    http: &str,
+    secret: &str,
+) -> Result<()> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     if let Some(dir) = path.parent() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
     }
     let cfg = FileConfig {
         manager: Some(manager.into()),
@@ -182,7 +227,10 @@ fn write_cluster_file(path: &std::path::Path, manager: &str, http: &str, secret:
         http: Some(http.into()),
         ..FileConfig::default()
     };
-    let text = format!("# Written by `tessera up`; removed when it stops.\n{}", toml::to_string(&cfg)?);
+    let text = format!(
+        "# Written by `tessera up`; removed when it stops.\n{}",
+        toml::to_string(&cfg)?
+    );
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

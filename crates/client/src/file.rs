@@ -149,22 +149,40 @@ impl File {
 
     /// Queues the aggregation buffer as one stripe write.
     async fn send_pending(&mut self) {
-        let Some((start, buf)) = self.pending.take() else { return };
+        let Some((start, buf)) = self.pending.take() else {
+            return;
+        };
         while self.inflight.len() >= self.client.opts.write_window.max(1) {
             self.complete_oldest().await;
         }
         let stripe = start / self.stripe;
         let offset = (start % self.stripe) as u32;
         let data = buf.freeze();
-        let op = Op::WriteStripe { file: self.ino, stripe, offset };
-        let waiter = self.client.router.send(Key::Stripe(self.ino, stripe), op, data.clone()).await.ok();
-        self.inflight.push_back(Inflight { stripe, offset, data, waiter });
+        let op = Op::WriteStripe {
+            file: self.ino,
+            stripe,
+            offset,
+        };
+        let waiter = self
+            .client
+            .router
+            .send(Key::Stripe(self.ino, stripe), op, data.clone())
+            .await
+            .ok();
+        self.inflight.push_back(Inflight {
+            stripe,
+            offset,
+            data,
+            waiter,
+        });
     }
 
     /// Waits for the oldest write in flight; on a failure that a retry can fix, re-sends it and
     /// everything after it, in order.
     async fn complete_oldest(&mut self) {
-        let Some(mut w) = self.inflight.pop_front() else { return };
+        let Some(mut w) = self.inflight.pop_front() else {
+            return;
+        };
         match wait_write(w.waiter.take()).await {
             WriteOutcome::Done => self.client.router.pool().recycle(w.data),
             WriteOutcome::Failed(e) => {
@@ -179,8 +197,17 @@ impl File {
                     redo.push(later);
                 }
                 for w in redo {
-                    let op = Op::WriteStripe { file: self.ino, stripe: w.stripe, offset: w.offset };
-                    if let Err(e) = self.client.router.call(Key::Stripe(self.ino, w.stripe), op, w.data).await {
+                    let op = Op::WriteStripe {
+                        file: self.ino,
+                        stripe: w.stripe,
+                        offset: w.offset,
+                    };
+                    if let Err(e) = self
+                        .client
+                        .router
+                        .call(Key::Stripe(self.ino, w.stripe), op, w.data)
+                        .await
+                    {
                         self.failed.get_or_insert(e);
                         return;
                     }
@@ -207,7 +234,18 @@ impl File {
         self.drain().await?;
         if let Some(size) = self.extent.take() {
             let mtime = self.mtime.take().unwrap_or_else(Timespec::now);
-            match self.client.meta(self.ino, Op::InodeExtend { ino: self.ino, size, mtime }).await? {
+            match self
+                .client
+                .meta(
+                    self.ino,
+                    Op::InodeExtend {
+                        ino: self.ino,
+                        size,
+                        mtime,
+                    },
+                )
+                .await?
+            {
                 Response::Inode(i) => self.size = i.size,
                 other => return Err(unexpected(&other)),
             }
@@ -233,7 +271,10 @@ impl File {
         for seg in &segs {
             let piece = match self.ahead.stripes.remove(&seg.stripe) {
                 Some(a) => (Some(a), 0),
-                None => (self.fetch(seg.stripe, seg.offset, seg.len).await, seg.offset),
+                None => (
+                    self.fetch(seg.stripe, seg.offset, seg.len).await,
+                    seg.offset,
+                ),
             };
             pieces.push(piece);
         }
@@ -262,13 +303,27 @@ impl File {
     }
 
     async fn fetch(&self, stripe: u64, offset: u32, len: u32) -> Option<Waiter> {
-        let op = Op::ReadStripe { file: self.ino, stripe, offset, len };
-        self.client.router.send(Key::Stripe(self.ino, stripe), op, Bytes::new()).await.ok()
+        let op = Op::ReadStripe {
+            file: self.ino,
+            stripe,
+            offset,
+            len,
+        };
+        self.client
+            .router
+            .send(Key::Stripe(self.ino, stripe), op, Bytes::new())
+            .await
+            .ok()
     }
 
     /// The bytes of `seg` from a fetch whose data starts at stripe offset `base`; re-fetched
     /// through the retrying path if the first attempt failed in a way a retry can fix.
-    async fn finish_fetch(&self, seg: &Segment, source: Option<Waiter>, base: u32) -> Result<Bytes> {
+    async fn finish_fetch(
+        &self,
+        seg: &Segment,
+        source: Option<Waiter>,
+        base: u32,
+    ) -> Result<Bytes> {
         let got = match source {
             Some(w) => match w.wait().await {
                 Ok((Response::Ok, b)) => Some(b),
@@ -281,8 +336,20 @@ impl File {
         let (data, base) = match got {
             Some(b) => (b, base),
             None => {
-                let op = Op::ReadStripe { file: self.ino, stripe: seg.stripe, offset: seg.offset, len: seg.len };
-                (self.client.router.call(Key::Stripe(self.ino, seg.stripe), op, Bytes::new()).await?.1, seg.offset)
+                let op = Op::ReadStripe {
+                    file: self.ino,
+                    stripe: seg.stripe,
+                    offset: seg.offset,
+                    len: seg.len,
+                };
+                (
+                    self.client
+                        .router
+                        .call(Key::Stripe(self.ino, seg.stripe), op, Bytes::new())
+                        .await?
+                        .1,
+                    seg.offset,
+                )
             }
         };
         let start = (seg.offset - base) as usize;
@@ -303,7 +370,11 @@ impl File {
     /// Writes at the cursor (at the end with append) and moves it.
     pub async fn write(&mut self, data: &[u8]) -> Result<usize> {
         let n = self.write_at(self.pos, data).await?;
-        self.pos = if self.append { self.size } else { self.pos + n as u64 };
+        self.pos = if self.append {
+            self.size
+        } else {
+            self.pos + n as u64
+        };
         Ok(n)
     }
 
@@ -337,7 +408,12 @@ impl File {
         self.ahead.stripes.clear();
         // What was written past the new size must not be published again.
         self.extent = None;
-        let attr = SetAttr { size: Some(size), mtime: Some(Timespec::now()), ctime: Timespec::now(), ..SetAttr::default() };
+        let attr = SetAttr {
+            size: Some(size),
+            mtime: Some(Timespec::now()),
+            ctime: Timespec::now(),
+            ..SetAttr::default()
+        };
         self.size = self.client.setattr(self.ino, attr).await?.size;
         Ok(())
     }
@@ -360,8 +436,14 @@ impl File {
         }
         let flushed = self.flush().await;
         self.closed = true;
-        let released = match self.client.meta(self.ino, Op::InodeClose { ino: self.ino }).await {
-            Ok(Response::Links { drop_data: true, .. }) => self.client.drop_data(self.ino).await,
+        let released = match self
+            .client
+            .meta(self.ino, Op::InodeClose { ino: self.ino })
+            .await
+        {
+            Ok(Response::Links {
+                drop_data: true, ..
+            }) => self.client.drop_data(self.ino).await,
             Ok(_) => Ok(()),
             Err(e) => Err(e),
         };
@@ -376,7 +458,9 @@ enum WriteOutcome {
 }
 
 async fn wait_write(waiter: Option<Waiter>) -> WriteOutcome {
-    let Some(waiter) = waiter else { return WriteOutcome::Retry };
+    let Some(waiter) = waiter else {
+        return WriteOutcome::Retry;
+    };
     match waiter.wait().await {
         Ok((Response::Ok, _)) => WriteOutcome::Done,
         Ok((Response::Error(e), _)) if retryable(&e) => WriteOutcome::Retry,
@@ -393,7 +477,10 @@ impl Drop for File {
             return;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            warn!(ino = self.ino, "file dropped outside a runtime without close: unflushed writes are lost");
+            warn!(
+                ino = self.ino,
+                "file dropped outside a runtime without close: unflushed writes are lost"
+            );
             return;
         };
         // Finish what the handle owes in the background: its writes, its size, its open count.

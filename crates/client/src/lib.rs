@@ -93,7 +93,10 @@ impl Client {
         loop {
             match client.getattr(tessera_placement::ROOT_INO).await {
                 Ok(_) => return Ok(client),
-                Err(e) if e.is(&tessera_proto::ErrorCode::NotFound) && std::time::Instant::now() < deadline => {
+                Err(e)
+                    if e.is(&tessera_proto::ErrorCode::NotFound)
+                        && std::time::Instant::now() < deadline =>
+                {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 Err(e) => return Err(e),

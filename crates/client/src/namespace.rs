@@ -6,7 +6,10 @@ use crate::route::{unexpected, Key};
 use crate::{Client, Error, File, Result};
 use bytes::Bytes;
 use tessera_placement::{Ino, ROOT_INO};
-use tessera_proto::{check_name, DirEntry, ErrorCode, FileKind, Inode, Name, Op, Response, SetAttr, Timespec, DIR_PAGE_MAX};
+use tessera_proto::{
+    check_name, DirEntry, ErrorCode, FileKind, Inode, Name, Op, Response, SetAttr, Timespec,
+    DIR_PAGE_MAX,
+};
 
 /// How to open a file; mirrors `std::fs::OpenOptions`.
 #[derive(Debug, Clone)]
@@ -23,7 +26,15 @@ pub struct OpenOptions {
 
 impl Default for OpenOptions {
     fn default() -> Self {
-        Self { read: true, write: false, append: false, truncate: false, create: false, create_new: false, mode: 0o666 }
+        Self {
+            read: true,
+            write: false,
+            append: false,
+            truncate: false,
+            create: false,
+            create_new: false,
+            mode: 0o666,
+        }
     }
 }
 
@@ -36,12 +47,21 @@ impl OpenOptions {
     /// Write, creating or truncating (like `File::create`).
     #[must_use]
     pub fn create() -> Self {
-        Self { read: false, write: true, truncate: true, create: true, ..Self::default() }
+        Self {
+            read: false,
+            write: true,
+            truncate: true,
+            create: true,
+            ..Self::default()
+        }
     }
     /// Read and write an existing file.
     #[must_use]
     pub fn read_write() -> Self {
-        Self { write: true, ..Self::default() }
+        Self {
+            write: true,
+            ..Self::default()
+        }
     }
 }
 
@@ -85,7 +105,16 @@ impl Client {
     /// The entry `name` of directory `parent`.
     pub async fn lookup_entry(&self, parent: Ino, name: &[u8]) -> Result<DirEntry> {
         check_name(name)?;
-        match self.meta(parent, Op::DirLookup { dir: parent, name: name.to_vec() }).await? {
+        match self
+            .meta(
+                parent,
+                Op::DirLookup {
+                    dir: parent,
+                    name: name.to_vec(),
+                },
+            )
+            .await?
+        {
             Response::Entry(e) => Ok(e),
             other => Err(unexpected(&other)),
         }
@@ -104,14 +133,25 @@ impl Client {
         if let Some(size) = size {
             // Cut the stripes after the size is set: readers clamp to the size, so nobody sees
             // the old bytes past it in between.
-            self.router.broadcast(Op::TruncateStripes { file: ino, size }).await?;
+            self.router
+                .broadcast(Op::TruncateStripes { file: ino, size })
+                .await?;
         }
         Ok(inode)
     }
 
     /// One page of a directory's entries, in name order, after `after`.
-    pub async fn readdir(&self, dir: Ino, after: Option<&[u8]>, limit: u32) -> Result<(Vec<(Name, DirEntry)>, bool)> {
-        let op = Op::DirList { dir, after: after.map(<[u8]>::to_vec), limit: limit.min(DIR_PAGE_MAX) };
+    pub async fn readdir(
+        &self,
+        dir: Ino,
+        after: Option<&[u8]>,
+        limit: u32,
+    ) -> Result<(Vec<(Name, DirEntry)>, bool)> {
+        let op = Op::DirList {
+            dir,
+            after: after.map(<[u8]>::to_vec),
+            limit: limit.min(DIR_PAGE_MAX),
+        };
         match self.meta(dir, op).await? {
             Response::Entries { entries, more } => Ok((entries, more)),
             other => Err(unexpected(&other)),
@@ -131,7 +171,15 @@ impl Client {
         }
     }
 
-    fn new_inode(&self, ino: Ino, kind: FileKind, mode: u32, parent: Ino, target: Vec<u8>, open: bool) -> Inode {
+    fn new_inode(
+        &self,
+        ino: Ino,
+        kind: FileKind,
+        mode: u32,
+        parent: Ino,
+        target: Vec<u8>,
+        open: bool,
+    ) -> Inode {
         let now = Timespec::now();
         Inode {
             ino,
@@ -150,8 +198,20 @@ impl Client {
         }
     }
 
-    async fn insert(&self, parent: Ino, name: &[u8], entry: DirEntry, replace: bool) -> Result<Option<DirEntry>> {
-        let op = Op::DirInsert { dir: parent, name: name.to_vec(), entry, replace, mtime: Timespec::now() };
+    async fn insert(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        entry: DirEntry,
+        replace: bool,
+    ) -> Result<Option<DirEntry>> {
+        let op = Op::DirInsert {
+            dir: parent,
+            name: name.to_vec(),
+            entry,
+            replace,
+            mtime: Timespec::now(),
+        };
         match self.meta(parent, op).await? {
             Response::Replaced(old) => Ok(old),
             other => Err(unexpected(&other)),
@@ -160,18 +220,37 @@ impl Client {
 
     /// Creates an inode and links it into `parent`; the inode is removed again if the name
     /// cannot be taken.
-    async fn make(&self, parent: Ino, name: &[u8], kind: FileKind, mode: u32, target: Vec<u8>, open: bool) -> Result<Inode> {
+    async fn make(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        mode: u32,
+        target: Vec<u8>,
+        open: bool,
+    ) -> Result<Inode> {
         check_name(name)?;
         let mut tries = 0;
         let inode = loop {
             let inode = self.new_inode(random_ino(), kind, mode, parent, target.clone(), open);
-            match self.meta(inode.ino, Op::InodeCreate { inode: inode.clone() }).await {
+            match self
+                .meta(
+                    inode.ino,
+                    Op::InodeCreate {
+                        inode: inode.clone(),
+                    },
+                )
+                .await
+            {
                 Ok(_) => break inode,
                 Err(e) if e.is(&ErrorCode::Exists) && tries < 8 => tries += 1,
                 Err(e) => return Err(e),
             }
         };
-        let entry = DirEntry { ino: inode.ino, kind };
+        let entry = DirEntry {
+            ino: inode.ino,
+            kind,
+        };
         if let Err(e) = self.insert(parent, name, entry, false).await {
             self.discard(inode.ino, open).await;
             return Err(e);
@@ -181,7 +260,16 @@ impl Client {
 
     /// Best-effort removal of an inode that never got a name.
     async fn discard(&self, ino: Ino, opened: bool) {
-        let _ = self.meta(ino, Op::InodeLink { ino, delta: -1, ctime: Timespec::now() }).await;
+        let _ = self
+            .meta(
+                ino,
+                Op::InodeLink {
+                    ino,
+                    delta: -1,
+                    ctime: Timespec::now(),
+                },
+            )
+            .await;
         if opened {
             let _ = self.meta(ino, Op::InodeClose { ino }).await;
         }
@@ -189,8 +277,18 @@ impl Client {
 
     /// Creates a regular file and opens it. With `exclusive` an existing name is an error;
     /// otherwise an existing file is opened (and truncated if `opts.truncate`).
-    pub async fn create(&self, parent: Ino, name: &[u8], mode: u32, exclusive: bool, opts: &OpenOptions) -> Result<File> {
-        match self.make(parent, name, FileKind::File, mode, Vec::new(), true).await {
+    pub async fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+        opts: &OpenOptions,
+    ) -> Result<File> {
+        match self
+            .make(parent, name, FileKind::File, mode, Vec::new(), true)
+            .await
+        {
             Ok(inode) => Ok(File::new(self.clone(), inode, opts)),
             Err(e) if e.is(&ErrorCode::Exists) && !exclusive => {
                 let entry = self.lookup_entry(parent, name).await?;
@@ -201,14 +299,25 @@ impl Client {
     }
 
     pub async fn mkdir(&self, parent: Ino, name: &[u8], mode: u32) -> Result<Inode> {
-        self.make(parent, name, FileKind::Dir, mode, Vec::new(), false).await
+        self.make(parent, name, FileKind::Dir, mode, Vec::new(), false)
+            .await
     }
 
     pub async fn symlink(&self, parent: Ino, name: &[u8], target: &[u8]) -> Result<Inode> {
         if target.is_empty() || target.len() > 4096 || target.contains(&0) {
-            return Err(Error::Invalid("symbolic link target must be 1 to 4096 bytes without NUL".into()));
+            return Err(Error::Invalid(
+                "symbolic link target must be 1 to 4096 bytes without NUL".into(),
+            ));
         }
-        self.make(parent, name, FileKind::Symlink, 0o777, target.to_vec(), false).await
+        self.make(
+            parent,
+            name,
+            FileKind::Symlink,
+            0o777,
+            target.to_vec(),
+            false,
+        )
+        .await
     }
 
     pub async fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
@@ -224,12 +333,42 @@ impl Client {
         check_name(name)?;
         let inode = self.getattr(ino).await?;
         if inode.kind == FileKind::Dir {
-            return Err(Error::Permission("hard links to directories are not allowed".into()));
+            return Err(Error::Permission(
+                "hard links to directories are not allowed".into(),
+            ));
         }
         let now = Timespec::now();
-        self.meta(ino, Op::InodeLink { ino, delta: 1, ctime: now }).await?;
-        if let Err(e) = self.insert(parent, name, DirEntry { ino, kind: inode.kind }, false).await {
-            let _ = self.meta(ino, Op::InodeLink { ino, delta: -1, ctime: now }).await;
+        self.meta(
+            ino,
+            Op::InodeLink {
+                ino,
+                delta: 1,
+                ctime: now,
+            },
+        )
+        .await?;
+        if let Err(e) = self
+            .insert(
+                parent,
+                name,
+                DirEntry {
+                    ino,
+                    kind: inode.kind,
+                },
+                false,
+            )
+            .await
+        {
+            let _ = self
+                .meta(
+                    ino,
+                    Op::InodeLink {
+                        ino,
+                        delta: -1,
+                        ctime: now,
+                    },
+                )
+                .await;
             return Err(e);
         }
         self.getattr(ino).await
@@ -237,8 +376,18 @@ impl Client {
 
     /// Drops one link of `ino`; deletes its data if that was the last link and no handle is open.
     async fn unref(&self, ino: Ino) -> Result<()> {
-        if let Response::Links { drop_data: true, .. } =
-            self.meta(ino, Op::InodeLink { ino, delta: -1, ctime: Timespec::now() }).await?
+        if let Response::Links {
+            drop_data: true, ..
+        } = self
+            .meta(
+                ino,
+                Op::InodeLink {
+                    ino,
+                    delta: -1,
+                    ctime: Timespec::now(),
+                },
+            )
+            .await?
         {
             self.router.broadcast(Op::DropFile { file: ino }).await?;
         }
@@ -252,7 +401,13 @@ impl Client {
     /// Removes a non-directory name. An open file keeps its data until its last close.
     pub async fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
         check_name(name)?;
-        let op = Op::DirRemove { dir: parent, name: name.to_vec(), expect: None, want_dir: Some(false), mtime: Timespec::now() };
+        let op = Op::DirRemove {
+            dir: parent,
+            name: name.to_vec(),
+            expect: None,
+            want_dir: Some(false),
+            mtime: Timespec::now(),
+        };
         let entry = match self.meta(parent, op).await? {
             Response::Entry(e) => e,
             other => return Err(unexpected(&other)),
@@ -266,7 +421,8 @@ impl Client {
         if entry.kind != FileKind::Dir {
             return Err(ErrorCode::NotDir.into());
         }
-        self.meta(entry.ino, Op::DirDestroy { dir: entry.ino }).await?;
+        self.meta(entry.ino, Op::DirDestroy { dir: entry.ino })
+            .await?;
         let op = Op::DirRemove {
             dir: parent,
             name: name.to_vec(),
@@ -288,7 +444,14 @@ impl Client {
     /// (unless `noreplace`). Within one directory this is one atomic server operation; across
     /// directories the new name is linked before the old one is removed, so the file is never
     /// without a name (it may briefly have both).
-    pub async fn rename(&self, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], noreplace: bool) -> Result<()> {
+    pub async fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        noreplace: bool,
+    ) -> Result<()> {
         check_name(name)?;
         check_name(new_name)?;
         let src = self.lookup_entry(parent, name).await?;
@@ -305,37 +468,63 @@ impl Client {
                 return Ok(()); // POSIX: both names are links to the same file: nothing to do
             }
             match (src.kind == FileKind::Dir, dst.kind == FileKind::Dir) {
-                (true, true) if !self.is_empty(dst.ino).await? => return Err(ErrorCode::NotEmpty.into()),
+                (true, true) if !self.is_empty(dst.ino).await? => {
+                    return Err(ErrorCode::NotEmpty.into())
+                }
                 (true, false) => return Err(ErrorCode::NotDir.into()),
                 (false, true) => return Err(ErrorCode::IsDir.into()),
                 _ => {}
             }
         }
-        if src.kind == FileKind::Dir && parent != new_parent && self.is_ancestor(src.ino, new_parent).await? {
+        if src.kind == FileKind::Dir
+            && parent != new_parent
+            && self.is_ancestor(src.ino, new_parent).await?
+        {
             return Err(Error::Invalid("cannot move a directory into itself".into()));
         }
         let now = Timespec::now();
         let replaced = if parent == new_parent {
-            let op = Op::DirRename { dir: parent, from: name.to_vec(), to: new_name.to_vec(), replace: !noreplace, mtime: now };
+            let op = Op::DirRename {
+                dir: parent,
+                from: name.to_vec(),
+                to: new_name.to_vec(),
+                replace: !noreplace,
+                mtime: now,
+            };
             match self.meta(parent, op).await? {
                 Response::Replaced(r) => r,
                 other => return Err(unexpected(&other)),
             }
         } else {
             let replaced = self.insert(new_parent, new_name, src, !noreplace).await?;
-            let op = Op::DirRemove { dir: parent, name: name.to_vec(), expect: Some(src.ino), want_dir: None, mtime: now };
+            let op = Op::DirRemove {
+                dir: parent,
+                name: name.to_vec(),
+                expect: Some(src.ino),
+                want_dir: None,
+                mtime: now,
+            };
             self.meta(parent, op).await?;
             if src.kind == FileKind::Dir {
-                let attr = SetAttr { parent: Some(new_parent), ctime: now, ..SetAttr::default() };
-                self.meta(src.ino, Op::InodeSetAttr { ino: src.ino, attr }).await?;
+                let attr = SetAttr {
+                    parent: Some(new_parent),
+                    ctime: now,
+                    ..SetAttr::default()
+                };
+                self.meta(src.ino, Op::InodeSetAttr { ino: src.ino, attr })
+                    .await?;
             }
             replaced
         };
         self.dirs.forget(parent, name);
         self.dirs.forget(new_parent, new_name);
         if src.kind != FileKind::Dir {
-            let attr = SetAttr { ctime: now, ..SetAttr::default() };
-            self.meta(src.ino, Op::InodeSetAttr { ino: src.ino, attr }).await?;
+            let attr = SetAttr {
+                ctime: now,
+                ..SetAttr::default()
+            };
+            self.meta(src.ino, Op::InodeSetAttr { ino: src.ino, attr })
+                .await?;
         }
         match replaced {
             Some(old) if old.ino != src.ino && old.kind == FileKind::Dir => {
@@ -382,7 +571,12 @@ impl Client {
     pub async fn usage(&self) -> Result<Usage> {
         let status = self.status().await?;
         let live = status.nodes.iter().filter(|n| n.alive);
-        let mut u = Usage { capacity: 0, used: 0, inodes: 0, nodes: 0 };
+        let mut u = Usage {
+            capacity: 0,
+            used: 0,
+            inodes: 0,
+            nodes: 0,
+        };
         for n in live {
             u.capacity += n.stats.capacity;
             u.used += n.stats.used;

@@ -22,7 +22,10 @@ pub(crate) struct DirCache {
 
 impl DirCache {
     pub fn new(ttl: Duration) -> Self {
-        Self { ttl, map: Mutex::default() }
+        Self {
+            ttl,
+            map: Mutex::default(),
+        }
     }
 
     fn get(&self, dir: Ino, name: &[u8]) -> Option<DirEntry> {
@@ -30,7 +33,9 @@ impl DirCache {
             return None;
         }
         let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        map.get(&(dir, name.to_vec())).filter(|(_, t)| t.elapsed() < self.ttl).map(|(e, _)| *e)
+        map.get(&(dir, name.to_vec()))
+            .filter(|(_, t)| t.elapsed() < self.ttl)
+            .map(|(e, _)| *e)
     }
 
     fn put(&self, dir: Ino, name: &[u8], e: DirEntry) {
@@ -45,15 +50,24 @@ impl DirCache {
     }
 
     pub fn forget(&self, dir: Ino, name: &[u8]) {
-        self.map.lock().unwrap_or_else(PoisonError::into_inner).remove(&(dir, name.to_vec()));
+        self.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(dir, name.to_vec()));
     }
 }
 
 /// Splits a path into components; `tessera:` / `tessera://` prefixes and empty and `.`
 /// components are dropped. Paths are taken from the root of the file system.
 fn components(path: &str) -> VecDeque<Name> {
-    let path = path.strip_prefix("tessera://").or_else(|| path.strip_prefix("tessera:")).unwrap_or(path);
-    path.split('/').filter(|c| !c.is_empty() && *c != ".").map(|c| c.as_bytes().to_vec()).collect()
+    let path = path
+        .strip_prefix("tessera://")
+        .or_else(|| path.strip_prefix("tessera:"))
+        .unwrap_or(path);
+    path.split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .map(|c| c.as_bytes().to_vec())
+        .collect()
 }
 
 impl Client {
@@ -69,7 +83,11 @@ impl Client {
     /// Walks `comps` from `start`. Returns the directory holding the last component, its name,
     /// and its entry if it exists. Symbolic links are followed in the middle of the path, and at
     /// the end when `follow_last`.
-    async fn walk(&self, mut comps: VecDeque<Name>, follow_last: bool) -> Result<(Ino, Option<(Name, Option<DirEntry>)>)> {
+    async fn walk(
+        &self,
+        mut comps: VecDeque<Name>,
+        follow_last: bool,
+    ) -> Result<(Ino, Option<(Name, Option<DirEntry>)>)> {
         let mut dir = ROOT_INO;
         let mut links = 0;
         while let Some(c) = comps.pop_front() {
@@ -79,7 +97,9 @@ impl Client {
             }
             let entry = match self.lookup_cached(dir, &c).await {
                 Ok(e) => e,
-                Err(e) if e.is(&ErrorCode::NotFound) && comps.is_empty() => return Ok((dir, Some((c, None)))),
+                Err(e) if e.is(&ErrorCode::NotFound) && comps.is_empty() => {
+                    return Ok((dir, Some((c, None))))
+                }
                 Err(e) => return Err(e),
             };
             let last = comps.is_empty();
@@ -134,7 +154,9 @@ impl Client {
     async fn parent_of(&self, path: &str) -> Result<(Ino, Name, Option<DirEntry>)> {
         match self.walk(components(path), false).await? {
             (dir, Some((name, entry))) => Ok((dir, name, entry)),
-            (_, None) => Err(Error::Invalid(format!("{path}: the root cannot be used here"))),
+            (_, None) => Err(Error::Invalid(format!(
+                "{path}: the root cannot be used here"
+            ))),
         }
     }
 
@@ -148,7 +170,14 @@ impl Client {
             Some(_) if opts.create_new => Err(ErrorCode::Exists.into()),
             Some(e) => self.open_ino(e.ino, opts).await,
             None if opts.create || opts.create_new => {
-                self.create(dir, &name, opts.mode & !self.opts.umask, opts.create_new, opts).await
+                self.create(
+                    dir,
+                    &name,
+                    opts.mode & !self.opts.umask,
+                    opts.create_new,
+                    opts,
+                )
+                .await
             }
             None => Err(Error::not_found()),
         }
@@ -169,11 +198,13 @@ impl Client {
             dir = match self.lookup_cached(dir.ino, &c).await {
                 Ok(e) if e.kind == FileKind::Dir => self.getattr(e.ino).await?,
                 Ok(_) => return Err(ErrorCode::NotDir.into()),
-                Err(e) if e.is(&ErrorCode::NotFound) => match self.mkdir(dir.ino, &c, 0o777 & !self.opts.umask).await {
-                    Ok(i) => i,
-                    Err(e) if e.is(&ErrorCode::Exists) => self.lookup(dir.ino, &c).await?,
-                    Err(e) => return Err(e),
-                },
+                Err(e) if e.is(&ErrorCode::NotFound) => {
+                    match self.mkdir(dir.ino, &c, 0o777 & !self.opts.umask).await {
+                        Ok(i) => i,
+                        Err(e) if e.is(&ErrorCode::Exists) => self.lookup(dir.ino, &c).await?,
+                        Err(e) => return Err(e),
+                    }
+                }
                 Err(e) => return Err(e),
             };
         }
@@ -187,7 +218,8 @@ impl Client {
             return Err(ErrorCode::NotDir.into());
         }
         let entries = self.readdir_all(dir.ino).await?;
-        let attrs = futures::future::join_all(entries.iter().map(|(_, e)| self.getattr(e.ino))).await;
+        let attrs =
+            futures::future::join_all(entries.iter().map(|(_, e)| self.getattr(e.ino))).await;
         let mut out = Vec::with_capacity(entries.len());
         for ((name, _), attr) in entries.into_iter().zip(attrs) {
             match attr {
@@ -230,7 +262,12 @@ impl Client {
             let entries = self.readdir_all(d).await?;
             if !children_emptied {
                 stack.push((d, true));
-                stack.extend(entries.iter().filter(|(_, e)| e.kind == FileKind::Dir).map(|(_, e)| (e.ino, false)));
+                stack.extend(
+                    entries
+                        .iter()
+                        .filter(|(_, e)| e.kind == FileKind::Dir)
+                        .map(|(_, e)| (e.ino, false)),
+                );
                 continue;
             }
             futures::future::try_join_all(entries.iter().map(|(n, e)| async move {
@@ -248,7 +285,8 @@ impl Client {
     pub async fn rename_path(&self, from: &str, to: &str) -> Result<()> {
         let (src_dir, src_name, _) = self.parent_of(from).await?;
         let (dst_dir, dst_name, _) = self.parent_of(to).await?;
-        self.rename(src_dir, &src_name, dst_dir, &dst_name, false).await
+        self.rename(src_dir, &src_name, dst_dir, &dst_name, false)
+            .await
     }
 
     pub async fn symlink_path(&self, target: &str, link: &str) -> Result<Inode> {
@@ -270,7 +308,11 @@ impl Client {
     /// Changes the permission bits at `path`.
     pub async fn set_mode(&self, path: &str, mode: u32) -> Result<Inode> {
         let inode = self.stat(path).await?;
-        let attr = SetAttr { mode: Some(mode & 0o7777), ctime: Timespec::now(), ..SetAttr::default() };
+        let attr = SetAttr {
+            mode: Some(mode & 0o7777),
+            ctime: Timespec::now(),
+            ..SetAttr::default()
+        };
         self.setattr(inode.ino, attr).await
     }
 
@@ -300,7 +342,12 @@ mod tests {
 
     #[test]
     fn path_components() {
-        let c = |p: &str| components(p).into_iter().map(|n| String::from_utf8(n).unwrap()).collect::<Vec<_>>();
+        let c = |p: &str| {
+            components(p)
+                .into_iter()
+                .map(|n| String::from_utf8(n).unwrap())
+                .collect::<Vec<_>>()
+        };
         assert_eq!(c("/a//b/./c/"), ["a", "b", "c"]);
         assert_eq!(c("tessera://x/y"), ["x", "y"]);
         assert_eq!(c("tessera:/x"), ["x"]);

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 use tessera_placement::{meta_partition, stripe_partition, Epoch, Ino, NodeId, PartitionId};
 use tessera_proto::{
-    BufferPool, ClusterConfig, ClusterStatus, ErrorCode, Op, Request, Response, RpcClient, RpcConfig, TableInfo, Waiter,
+    BufferPool, ClusterConfig, ClusterStatus, ErrorCode, Op, Request, Response, RpcClient,
+    RpcConfig, TableInfo, Waiter,
 };
 use tokio::sync::OnceCell;
 use tracing::debug;
@@ -103,7 +104,10 @@ impl Router {
     }
 
     pub fn route(&self) -> Arc<Route> {
-        self.route.read().unwrap_or_else(PoisonError::into_inner).clone()
+        self.route
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub fn config(&self) -> ClusterConfig {
@@ -133,7 +137,10 @@ impl Router {
                 }
             }
         }
-        Err(Error::Unavailable(format!("manager at {} is not answering", self.manager_addr)))
+        Err(Error::Unavailable(format!(
+            "manager at {} is not answering",
+            self.manager_addr
+        )))
     }
 
     pub async fn status(&self) -> Result<ClusterStatus> {
@@ -153,9 +160,14 @@ impl Router {
         match self.manager_call(&Request::GetTable).await? {
             Response::Table(info) => {
                 if info.table.epoch() != seen {
-                    debug!(from = seen, to = info.table.epoch(), "partition table refreshed");
+                    debug!(
+                        from = seen,
+                        to = info.table.epoch(),
+                        "partition table refreshed"
+                    );
                 }
-                *self.route.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Route::new(info));
+                *self.route.write().unwrap_or_else(PoisonError::into_inner) =
+                    Arc::new(Route::new(info));
                 Ok(())
             }
             Response::Error(ErrorCode::NotReady(_)) => Ok(()),
@@ -166,14 +178,16 @@ impl Router {
 
     /// The connection to `node`, made on first use and remade after it breaks.
     pub async fn conn(&self, route: &Route, node: NodeId) -> Result<Arc<RpcClient>> {
-        let addr = *route
-            .addrs
-            .get(&node)
-            .ok_or_else(|| Error::Unavailable(format!("node {node} is not in the partition table")))?;
+        let addr = *route.addrs.get(&node).ok_or_else(|| {
+            Error::Unavailable(format!("node {node} is not in the partition table"))
+        })?;
         let cell = {
             let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
             let cell = conns.entry(node).or_default();
-            if cell.get().is_some_and(|c| c.is_closed() || c.peer() != addr) {
+            if cell
+                .get()
+                .is_some_and(|c| c.is_closed() || c.peer() != addr)
+            {
                 *cell = Cell::default();
             }
             cell.clone()
@@ -189,7 +203,15 @@ impl Router {
     pub async fn send(&self, key: Key, op: Op, payload: Bytes) -> Result<Waiter> {
         let route = self.route();
         let conn = self.conn(&route, route.target(key)).await?;
-        Ok(conn.send(&Request::Op { epoch: route.epoch(), op }, payload).await?)
+        Ok(conn
+            .send(
+                &Request::Op {
+                    epoch: route.epoch(),
+                    op,
+                },
+                payload,
+            )
+            .await?)
     }
 
     /// Sends `op` for `key` and waits, retrying across table changes and reconnects.
@@ -224,22 +246,28 @@ impl Router {
                 Err(e) => return Err(e),
             }
         }
-        Err(Error::Unavailable("the partition table kept changing; giving up".into()))
+        Err(Error::Unavailable(
+            "the partition table kept changing; giving up".into(),
+        ))
     }
 
     /// Sends a node-wide `op` to every node in the table and waits for all.
     pub async fn broadcast(&self, op: Op) -> Result<()> {
         for attempt in 0..MAX_ATTEMPTS {
             let route = self.route();
-            let req = Request::Op { epoch: route.epoch(), op: op.clone() };
-            let replies = futures::future::join_all(route.info.table.nodes().into_iter().map(|node| {
-                let (route, req) = (&route, &req);
-                async move {
-                    let conn = self.conn(route, node).await?;
-                    Ok::<_, Error>(conn.call(req, Bytes::new()).await?.0)
-                }
-            }))
-            .await;
+            let req = Request::Op {
+                epoch: route.epoch(),
+                op: op.clone(),
+            };
+            let replies =
+                futures::future::join_all(route.info.table.nodes().into_iter().map(|node| {
+                    let (route, req) = (&route, &req);
+                    async move {
+                        let conn = self.conn(route, node).await?;
+                        Ok::<_, Error>(conn.call(req, Bytes::new()).await?.0)
+                    }
+                }))
+                .await;
             let mut stale = false;
             for r in replies {
                 match r? {
@@ -254,7 +282,9 @@ impl Router {
             self.refresh(route.epoch()).await?;
             tokio::time::sleep(backoff(attempt)).await;
         }
-        Err(Error::Unavailable("the partition table kept changing; giving up".into()))
+        Err(Error::Unavailable(
+            "the partition table kept changing; giving up".into(),
+        ))
     }
 }
 

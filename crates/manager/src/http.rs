@@ -2,8 +2,9 @@
 //! `/status` (JSON), `/table` (JSON), `/metrics` (Prometheus text format).
 
 use crate::Shared;
-use axum::extract::State as AxState;
+use axum::extract::{Request, State as AxState};
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -24,49 +25,67 @@ struct Ctx {
 }
 
 pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>, token: String) {
-    let ctx = Ctx { shared, token: token.into() };
-    let app = Router::new()
-        .route("/health", get(|| async { "ok\n" }))
+    let ctx = Ctx {
+        shared,
+        token: token.into(),
+    };
+    let protected = Router::new()
         .route("/status", get(status))
         .route("/table", get(table))
         .route("/metrics", get(metrics))
+        .route_layer(axum::middleware::from_fn_with_state(
+            ctx.clone(),
+            require_token,
+        ));
+    let app = Router::new()
+        .route("/health", get(|| async { "ok\n" }))
+        .merge(protected)
         .with_state(ctx);
     if let Err(e) = axum::serve(listener, app).await {
         tracing::error!("HTTP API stopped: {e}");
     }
 }
 
-fn authorized(ctx: &Ctx, headers: &HeaderMap) -> Result<(), Response> {
-    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+async fn require_token(
+    AxState(ctx): AxState<Ctx>,
+    headers: HeaderMap,
+    req: Request,
+    next: Next,
+) -> Response {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
     // Compare digests so the time taken says nothing about the token.
-    let same = given.is_some_and(|g| blake3::hash(g.as_bytes()) == blake3::hash(ctx.token.as_bytes()));
-    if same {
-        Ok(())
+    if given.is_some_and(|g| blake3::hash(g.as_bytes()) == blake3::hash(ctx.token.as_bytes())) {
+        next.run(req).await
     } else {
-        Err((StatusCode::UNAUTHORIZED, "send the cluster secret as 'Authorization: Bearer <secret>'\n").into_response())
+        (
+            StatusCode::UNAUTHORIZED,
+            "send the cluster secret as 'Authorization: Bearer <secret>'\n",
+        )
+            .into_response()
     }
 }
 
-async fn status(AxState(ctx): AxState<Ctx>, headers: HeaderMap) -> Response {
-    if let Err(r) = authorized(&ctx, &headers) {
-        return r;
-    }
+async fn status(AxState(ctx): AxState<Ctx>) -> Response {
     let status = ctx.shared.lock().status(Instant::now());
     let nodes: Vec<_> = status
         .nodes
         .iter()
         .map(|n| {
-            let pct = if n.stats.capacity == 0 { 0.0 } else { 100.0 * n.stats.used as f64 / n.stats.capacity as f64 };
+            let pct = if n.stats.capacity == 0 {
+                0.0
+            } else {
+                100.0 * n.stats.used as f64 / n.stats.capacity as f64
+            };
             json!({"node": n, "memory_used_percent": pct})
         })
         .collect();
     Json(json!({"status": status, "nodes": nodes})).into_response()
 }
 
-async fn table(AxState(ctx): AxState<Ctx>, headers: HeaderMap) -> Response {
-    if let Err(r) = authorized(&ctx, &headers) {
-        return r;
-    }
+async fn table(AxState(ctx): AxState<Ctx>) -> Response {
     match ctx.shared.lock().table() {
         Some(t) => Json(json!({
             "epoch": t.table.epoch(),
@@ -76,16 +95,17 @@ async fn table(AxState(ctx): AxState<Ctx>, headers: HeaderMap) -> Response {
             "replicas": t.table.all(),
         }))
         .into_response(),
-        None => (StatusCode::SERVICE_UNAVAILABLE, "no partition table yet: waiting for servers\n").into_response(),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no partition table yet: waiting for servers\n",
+        )
+            .into_response(),
     }
 }
 
 type Labels = Vec<(String, String)>;
 
-async fn metrics(AxState(ctx): AxState<Ctx>, headers: HeaderMap) -> Response {
-    if let Err(r) = authorized(&ctx, &headers) {
-        return r;
-    }
+async fn metrics(AxState(ctx): AxState<Ctx>) -> Response {
     let status = ctx.shared.lock().status(Instant::now());
     let mut reg = Registry::with_prefix("tessera");
     let epoch = Gauge::<i64>::default();
@@ -93,8 +113,12 @@ async fn metrics(AxState(ctx): AxState<Ctx>, headers: HeaderMap) -> Response {
     reg.register("epoch", "Partition table epoch (0: no table yet)", epoch);
     let nodes = Family::<Labels, Gauge>::default();
     let alive = status.nodes.iter().filter(|n| n.alive).count() as i64;
-    nodes.get_or_create(&vec![("state".into(), "alive".into())]).set(alive);
-    nodes.get_or_create(&vec![("state".into(), "dead".into())]).set(status.nodes.len() as i64 - alive);
+    nodes
+        .get_or_create(&vec![("state".into(), "alive".into())])
+        .set(alive);
+    nodes
+        .get_or_create(&vec![("state".into(), "dead".into())])
+        .set(status.nodes.len() as i64 - alive);
     reg.register("nodes", "Storage servers by state", nodes);
 
     let used = Family::<Labels, Gauge>::default();
@@ -112,14 +136,26 @@ async fn metrics(AxState(ctx): AxState<Ctx>, headers: HeaderMap) -> Response {
         load.get_or_create(&l).set(i64::from(n.stats.load));
         read.get_or_create(&l).inc_by(n.stats.bytes_read);
         written.get_or_create(&l).inc_by(n.stats.bytes_written);
-        for (op, v) in [("read", n.stats.reads), ("write", n.stats.writes), ("meta", n.stats.meta_ops)] {
+        for (op, v) in [
+            ("read", n.stats.reads),
+            ("write", n.stats.writes),
+            ("meta", n.stats.meta_ops),
+        ] {
             let mut lo = l.clone();
             lo.push(("op".into(), op.into()));
             ops.get_or_create(&lo).inc_by(v);
         }
     }
-    reg.register("node_memory_used_bytes", "Memory holding stripes and metadata", used);
-    reg.register("node_memory_capacity_bytes", "Memory the server offers", capacity);
+    reg.register(
+        "node_memory_used_bytes",
+        "Memory holding stripes and metadata",
+        used,
+    );
+    reg.register(
+        "node_memory_capacity_bytes",
+        "Memory the server offers",
+        capacity,
+    );
     reg.register("node_partitions", "Partition copies held", partitions);
     reg.register("node_load", "Requests being served", load);
     reg.register("node_read_bytes", "Bytes read from the node", read);
@@ -127,7 +163,18 @@ async fn metrics(AxState(ctx): AxState<Ctx>, headers: HeaderMap) -> Response {
     reg.register("node_ops", "Operations served by kind", ops);
     let mut out = String::new();
     if let Err(e) = encode(&mut out, &reg) {
-        return (StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}\n")).into_response();
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding metrics: {e}\n"),
+        )
+            .into_response();
     }
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], out).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response()
 }

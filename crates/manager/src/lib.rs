@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use tessera_placement::{meta_partition, validate_stripe_size, ROOT_INO};
 use tessera_proto::{
-    BufferPool, ClusterConfig, ErrorCode, FileKind, Handler, Inode, Op, Request, Response, RpcClient, RpcConfig, Secret, Timespec,
+    BufferPool, ClusterConfig, ErrorCode, FileKind, Handler, Inode, Op, Request, Response,
+    RpcClient, RpcConfig, Secret, Timespec,
 };
 use tokio::net::TcpListener;
 use tracing::{info, warn};
@@ -36,7 +37,10 @@ pub struct ManagerOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum ManagerError {
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("invalid configuration: {0}")]
     Config(String),
 }
@@ -52,7 +56,10 @@ impl ManagerOptions {
             return bad("the cluster needs at least one partition".into());
         }
         if !(1..=3).contains(&c.replication) || u32::from(c.replication) > self.expect_servers {
-            return bad(format!("replication {} must be 1 to 3 and at most the server count {}", c.replication, self.expect_servers));
+            return bad(format!(
+                "replication {} must be 1 to 3 and at most the server count {}",
+                c.replication, self.expect_servers
+            ));
         }
         validate_stripe_size(u64::from(c.stripe_size)).map_err(ManagerError::Config)?;
         Ok(())
@@ -99,30 +106,39 @@ impl Handler for ManagerHandler {
     fn handle(&self, req: Request, _payload: Bytes) -> (Response, Bytes) {
         let now = Instant::now();
         let resp = match req {
-            Request::Register { addr, capacity, label } => {
+            Request::Register {
+                addr,
+                capacity,
+                label,
+            } => {
                 let mut st = self.shared.lock();
                 match st.register(addr, capacity, label, now) {
                     Ok((node, built)) => {
                         if built {
                             tokio::spawn(create_root(self.shared.clone(), self.rpc.clone()));
                         }
-                        Response::Registered { node, config: st.config }
+                        Response::Registered {
+                            node,
+                            config: st.config,
+                        }
                     }
                     Err(e) => Response::Error(e),
                 }
             }
-            Request::Heartbeat { node, stats } => match self.shared.lock().heartbeat(node, stats, now) {
-                Ok(epoch) => Response::HeartbeatAck { epoch },
-                Err(e) => Response::Error(e),
-            },
-            Request::GetTable => {
-                match self.shared.lock().table_info() {
-                    Ok(t) => Response::Table(t.clone()),
+            Request::Heartbeat { node, stats } => {
+                match self.shared.lock().heartbeat(node, stats, now) {
+                    Ok(epoch) => Response::HeartbeatAck { epoch },
                     Err(e) => Response::Error(e),
                 }
             }
+            Request::GetTable => match self.shared.lock().table_info() {
+                Ok(t) => Response::Table(t.clone()),
+                Err(e) => Response::Error(e),
+            },
             Request::GetStatus => Response::Status(self.shared.lock().status(now)),
-            Request::Op { .. } => Response::Error(ErrorCode::Invalid("the manager serves no file operations".into())),
+            Request::Op { .. } => Response::Error(ErrorCode::Invalid(
+                "the manager serves no file operations".into(),
+            )),
         };
         (resp, Bytes::new())
     }
@@ -131,7 +147,9 @@ impl Handler for ManagerHandler {
 /// Creates the root directory on the node(s) holding its partition; retries while they catch
 /// up with the new table. (Clients wait for the root before they report ready.)
 async fn create_root(shared: Arc<Shared>, rpc: Arc<RpcConfig>) {
-    let Some(info) = shared.lock().table().cloned() else { return };
+    let Some(info) = shared.lock().table().cloned() else {
+        return;
+    };
     // SAFETY: getuid/getgid have no preconditions and cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let now = Timespec::now();
@@ -151,13 +169,22 @@ async fn create_root(shared: Arc<Shared>, rpc: Arc<RpcConfig>) {
         open_count: 0,
     };
     let p = meta_partition(ROOT_INO, info.config.partitions);
-    let req = Request::Op { epoch: info.table.epoch(), op: Op::InodeCreate { inode } };
+    let req = Request::Op {
+        epoch: info.table.epoch(),
+        op: Op::InodeCreate { inode },
+    };
     for &node in info.table.replicas(p) {
-        let Some(addr) = info.nodes.iter().find(|n| n.id == node).map(|n| n.addr) else { continue };
+        let Some(addr) = info.nodes.iter().find(|n| n.id == node).map(|n| n.addr) else {
+            continue;
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let reply = match RpcClient::connect(addr, &rpc).await {
-                Ok(c) => c.call(&req, Bytes::new()).await.map(|r| r.0).map_err(|e| e.to_string()),
+                Ok(c) => c
+                    .call(&req, Bytes::new())
+                    .await
+                    .map(|r| r.0)
+                    .map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             };
             match reply {
@@ -176,25 +203,51 @@ async fn create_root(shared: Arc<Shared>, rpc: Arc<RpcConfig>) {
 /// Binds the RPC (and HTTP) listeners and starts serving.
 pub async fn start(opts: ManagerOptions) -> Result<RunningManager, ManagerError> {
     opts.validate()?;
-    let listener = TcpListener::bind(opts.listen).await.map_err(|source| ManagerError::Bind { addr: opts.listen, source })?;
-    let rpc_addr = listener.local_addr().map_err(|source| ManagerError::Bind { addr: opts.listen, source })?;
+    let listener = TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| ManagerError::Bind {
+            addr: opts.listen,
+            source,
+        })?;
+    let rpc_addr = listener.local_addr().map_err(|source| ManagerError::Bind {
+        addr: opts.listen,
+        source,
+    })?;
     let shared = Arc::new(Shared {
-        state: Mutex::new(State::new(opts.config, opts.expect_servers, opts.heartbeat_timeout)),
+        state: Mutex::new(State::new(
+            opts.config,
+            opts.expect_servers,
+            opts.heartbeat_timeout,
+        )),
         root_mode: opts.root_mode,
     });
-    let rpc = Arc::new(RpcConfig::new(opts.secret.clone(), Arc::new(BufferPool::new(64 << 10, 4))));
+    let rpc = Arc::new(RpcConfig::new(
+        opts.secret.clone(),
+        Arc::new(BufferPool::new(64 << 10, 4)),
+    ));
     let mut tasks = tokio::task::JoinSet::new();
-    let handler = Arc::new(ManagerHandler { shared: shared.clone(), rpc: rpc.clone() });
+    let handler = Arc::new(ManagerHandler {
+        shared: shared.clone(),
+        rpc: rpc.clone(),
+    });
     tasks.spawn(tessera_proto::serve(listener, rpc, handler));
     let http_addr = match opts.http {
         Some(addr) => {
-            let l = TcpListener::bind(addr).await.map_err(|source| ManagerError::Bind { addr, source })?;
-            let bound = l.local_addr().map_err(|source| ManagerError::Bind { addr, source })?;
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|source| ManagerError::Bind { addr, source })?;
+            let bound = l
+                .local_addr()
+                .map_err(|source| ManagerError::Bind { addr, source })?;
             tasks.spawn(http::serve(l, shared, opts.http_token.clone()));
             Some(bound)
         }
         None => None,
     };
     info!(%rpc_addr, ?http_addr, expect = opts.expect_servers, "manager listening");
-    Ok(RunningManager { rpc_addr, http_addr, tasks })
+    Ok(RunningManager {
+        rpc_addr,
+        http_addr,
+        tasks,
+    })
 }

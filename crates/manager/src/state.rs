@@ -4,7 +4,9 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tessera_placement::{assign, NodeId, NodeWeight, PartitionTable};
-use tessera_proto::{ClusterConfig, ClusterStatus, ErrorCode, NodeAddr, NodeStats, NodeStatus, TableInfo};
+use tessera_proto::{
+    ClusterConfig, ClusterStatus, ErrorCode, NodeAddr, NodeStats, NodeStatus, TableInfo,
+};
 
 #[derive(Debug, Clone)]
 pub struct Member {
@@ -29,7 +31,14 @@ pub struct State {
 impl State {
     #[must_use]
     pub fn new(config: ClusterConfig, expect: u32, heartbeat_timeout: Duration) -> Self {
-        Self { config, expect, heartbeat_timeout, members: Vec::new(), next_id: 1, table: None }
+        Self {
+            config,
+            expect,
+            heartbeat_timeout,
+            members: Vec::new(),
+            next_id: 1,
+            table: None,
+        }
     }
 
     fn alive(&self, m: &Member, now: Instant) -> bool {
@@ -37,18 +46,37 @@ impl State {
     }
 
     /// A server joins. Returns its id and whether this join completed the table.
-    pub fn register(&mut self, addr: SocketAddr, capacity: u64, label: Option<String>, now: Instant) -> Result<(NodeId, bool), ErrorCode> {
+    pub fn register(
+        &mut self,
+        addr: SocketAddr,
+        capacity: u64,
+        label: Option<String>,
+        now: Instant,
+    ) -> Result<(NodeId, bool), ErrorCode> {
         if capacity == 0 {
             return Err(ErrorCode::Invalid("a server must offer some memory".into()));
         }
         if let Some(m) = self.members.iter().find(|m| m.addr == addr) {
             if self.alive(m, now) {
-                return Err(ErrorCode::Invalid(format!("{addr} is already registered as node {}", m.id)));
+                return Err(ErrorCode::Invalid(format!(
+                    "{addr} is already registered as node {}",
+                    m.id
+                )));
             }
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.members.push(Member { id, addr, capacity, label, last_seen: now, stats: NodeStats { capacity, ..NodeStats::default() } });
+        self.members.push(Member {
+            id,
+            addr,
+            capacity,
+            label,
+            last_seen: now,
+            stats: NodeStats {
+                capacity,
+                ..NodeStats::default()
+            },
+        });
         if self.table.is_some() {
             tracing::info!(node = id, %addr, "server joined after the table was built; it holds no partitions yet");
             return Ok((id, false));
@@ -56,18 +84,54 @@ impl State {
         if self.members.len() < self.expect as usize {
             return Ok((id, false));
         }
-        let weights: Vec<NodeWeight> = self.members.iter().map(|m| NodeWeight { node: m.id, capacity: m.capacity }).collect();
-        let replicas = assign(None, &weights, self.config.partitions, self.config.replication)
-            .map_err(|e| ErrorCode::Internal(format!("cannot place partitions: {e}")))?;
-        let table = PartitionTable::new(1, replicas).map_err(|e| ErrorCode::Internal(e.to_string()))?;
-        let nodes = self.members.iter().map(|m| NodeAddr { id: m.id, addr: m.addr }).collect();
-        self.table = Some(TableInfo { config: self.config, table, nodes });
-        tracing::info!(servers = self.members.len(), "all expected servers joined: partition table epoch 1 built");
+        let weights: Vec<NodeWeight> = self
+            .members
+            .iter()
+            .map(|m| NodeWeight {
+                node: m.id,
+                capacity: m.capacity,
+            })
+            .collect();
+        let replicas = assign(
+            None,
+            &weights,
+            self.config.partitions,
+            self.config.replication,
+        )
+        .map_err(|e| ErrorCode::Internal(format!("cannot place partitions: {e}")))?;
+        let table =
+            PartitionTable::new(1, replicas).map_err(|e| ErrorCode::Internal(e.to_string()))?;
+        let nodes = self
+            .members
+            .iter()
+            .map(|m| NodeAddr {
+                id: m.id,
+                addr: m.addr,
+            })
+            .collect();
+        self.table = Some(TableInfo {
+            config: self.config,
+            table,
+            nodes,
+        });
+        tracing::info!(
+            servers = self.members.len(),
+            "all expected servers joined: partition table epoch 1 built"
+        );
         Ok((id, true))
     }
 
-    pub fn heartbeat(&mut self, node: NodeId, stats: NodeStats, now: Instant) -> Result<Option<u64>, ErrorCode> {
-        let m = self.members.iter_mut().find(|m| m.id == node).ok_or(ErrorCode::NotFound)?;
+    pub fn heartbeat(
+        &mut self,
+        node: NodeId,
+        stats: NodeStats,
+        now: Instant,
+    ) -> Result<Option<u64>, ErrorCode> {
+        let m = self
+            .members
+            .iter_mut()
+            .find(|m| m.id == node)
+            .ok_or(ErrorCode::NotFound)?;
         m.last_seen = now;
         m.stats = stats;
         Ok(self.table.as_ref().map(|t| t.table.epoch()))
@@ -81,13 +145,21 @@ impl State {
     /// The table, or why there is none yet.
     pub fn table_info(&self) -> Result<&TableInfo, ErrorCode> {
         self.table.as_ref().ok_or_else(|| {
-            ErrorCode::NotReady(format!("waiting for servers: {} of {} joined", self.members.len(), self.expect))
+            ErrorCode::NotReady(format!(
+                "waiting for servers: {} of {} joined",
+                self.members.len(),
+                self.expect
+            ))
         })
     }
 
     #[must_use]
     pub fn status(&self, now: Instant) -> ClusterStatus {
-        let load = self.table.as_ref().map(|t| t.table.load()).unwrap_or_default();
+        let load = self
+            .table
+            .as_ref()
+            .map(|t| t.table.load())
+            .unwrap_or_default();
         ClusterStatus {
             config: self.config,
             epoch: self.table.as_ref().map(|t| t.table.epoch()),
@@ -114,7 +186,11 @@ mod tests {
     use super::*;
 
     fn cfg() -> ClusterConfig {
-        ClusterConfig { partitions: 64, stripe_size: 1 << 20, replication: 1 }
+        ClusterConfig {
+            partitions: 64,
+            stripe_size: 1 << 20,
+            replication: 1,
+        }
     }
     fn addr(i: u8) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, i], 7000))
@@ -143,12 +219,23 @@ mod tests {
     fn bad_registrations_and_heartbeats() {
         let now = Instant::now();
         let mut s = State::new(cfg(), 2, Duration::from_secs(5));
-        assert!(matches!(s.register(addr(2), 0, None, now), Err(ErrorCode::Invalid(_))));
+        assert!(matches!(
+            s.register(addr(2), 0, None, now),
+            Err(ErrorCode::Invalid(_))
+        ));
         s.register(addr(2), 1, None, now).unwrap();
-        assert!(matches!(s.register(addr(2), 1, None, now), Err(ErrorCode::Invalid(_))));
+        assert!(matches!(
+            s.register(addr(2), 1, None, now),
+            Err(ErrorCode::Invalid(_))
+        ));
         // A dead node's address may be taken again (a restarted server).
-        assert!(s.register(addr(2), 1, None, now + Duration::from_secs(6)).is_ok());
-        assert_eq!(s.heartbeat(99, NodeStats::default(), now), Err(ErrorCode::NotFound));
+        assert!(s
+            .register(addr(2), 1, None, now + Duration::from_secs(6))
+            .is_ok());
+        assert_eq!(
+            s.heartbeat(99, NodeStats::default(), now),
+            Err(ErrorCode::NotFound)
+        );
     }
 
     #[test]

@@ -94,7 +94,10 @@ pub fn assign(
         return Err(AssignError::NoNodes);
     }
     if nodes.len() < r {
-        return Err(AssignError::TooFewNodes { need: r, have: nodes.len() });
+        return Err(AssignError::TooFewNodes {
+            need: r,
+            have: nodes.len(),
+        });
     }
     let mut seen = BTreeSet::new();
     for n in nodes {
@@ -139,7 +142,11 @@ pub fn assign(
             let pick = count
                 .iter()
                 .filter(|(n, _)| !list.contains(n))
-                .max_by(|a, b| (target[a.0] - a.1).cmp(&(target[b.0] - b.1)).then(b.0.cmp(a.0)))
+                .max_by(|a, b| {
+                    (target[a.0] - a.1)
+                        .cmp(&(target[b.0] - b.1))
+                        .then(b.0.cmp(a.0))
+                })
                 .map(|(&n, _)| n)
                 .expect("at least r nodes, so a node not yet in this list exists");
             *count.get_mut(&pick).expect("picked from count") += 1;
@@ -156,7 +163,12 @@ mod tests {
     use proptest::prelude::*;
 
     fn equal(n: u32) -> Vec<NodeWeight> {
-        (1..=n).map(|node| NodeWeight { node, capacity: 4 << 30 }).collect()
+        (1..=n)
+            .map(|node| NodeWeight {
+                node,
+                capacity: 4 << 30,
+            })
+            .collect()
     }
 
     fn spread(a: &[Vec<NodeId>]) -> (usize, usize) {
@@ -172,20 +184,47 @@ mod tests {
             assign(None, &equal(1), 8, 2),
             Err(AssignError::TooFewNodes { need: 2, have: 1 })
         );
-        assert_eq!(assign(None, &equal(2), 0, 1), Err(AssignError::NoPartitions));
-        assert_eq!(assign(None, &equal(2), 8, 0), Err(AssignError::NoReplication));
-        let zero = [NodeWeight { node: 1, capacity: 0 }];
+        assert_eq!(
+            assign(None, &equal(2), 0, 1),
+            Err(AssignError::NoPartitions)
+        );
+        assert_eq!(
+            assign(None, &equal(2), 8, 0),
+            Err(AssignError::NoReplication)
+        );
+        let zero = [NodeWeight {
+            node: 1,
+            capacity: 0,
+        }];
         assert_eq!(assign(None, &zero, 8, 1), Err(AssignError::ZeroCapacity(1)));
-        let dup = [NodeWeight { node: 1, capacity: 1 }, NodeWeight { node: 1, capacity: 1 }];
+        let dup = [
+            NodeWeight {
+                node: 1,
+                capacity: 1,
+            },
+            NodeWeight {
+                node: 1,
+                capacity: 1,
+            },
+        ];
         assert_eq!(assign(None, &dup, 8, 1), Err(AssignError::DuplicateNode(1)));
     }
 
     #[test]
     fn shares_respect_cap() {
         let nodes = [
-            NodeWeight { node: 1, capacity: 100 },
-            NodeWeight { node: 2, capacity: 1 },
-            NodeWeight { node: 3, capacity: 1 },
+            NodeWeight {
+                node: 1,
+                capacity: 100,
+            },
+            NodeWeight {
+                node: 2,
+                capacity: 1,
+            },
+            NodeWeight {
+                node: 3,
+                capacity: 1,
+            },
         ];
         // r = 2 over 10 partitions: the big node is capped at 10, the rest split evenly.
         assert_eq!(capacity_shares(&nodes, 20, 10), vec![10, 5, 5]);

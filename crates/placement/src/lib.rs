@@ -62,7 +62,7 @@ pub fn meta_partition(ino: Ino, partitions: u32) -> PartitionId {
 
 /// Checks a stripe size chosen by a user.
 pub fn validate_stripe_size(size: u64) -> Result<u32, String> {
-    if size == 0 || size % (1 << 20) != 0 || size > u64::from(MAX_STRIPE_SIZE) {
+    if size == 0 || !size.is_multiple_of(1 << 20) || size > u64::from(MAX_STRIPE_SIZE) {
         return Err(format!(
             "stripe size {size} must be a non-zero multiple of 1 MiB and at most {} MiB",
             MAX_STRIPE_SIZE >> 20
@@ -84,7 +84,10 @@ mod tests {
             .map(|&(f, s)| stripe_partition(f, s, DEFAULT_PARTITIONS))
             .collect();
         assert_eq!(got, PINNED_VECTORS);
-        assert_eq!(meta_partition(ROOT_INO, DEFAULT_PARTITIONS), PINNED_ROOT_META);
+        assert_eq!(
+            meta_partition(ROOT_INO, DEFAULT_PARTITIONS),
+            PINNED_ROOT_META
+        );
         // The reference XXH3-64 of the empty input with seed 0, from the xxHash test suite.
         assert_eq!(xxhash_rust::xxh3::xxh3_64(b""), 0x2D06_8005_38D3_94C2);
     }

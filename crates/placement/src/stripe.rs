@@ -48,9 +48,24 @@ mod tests {
         assert_eq!(
             s,
             vec![
-                Segment { stripe: 0, offset: 10, len: 6, buf_offset: 0 },
-                Segment { stripe: 1, offset: 0, len: 16, buf_offset: 6 },
-                Segment { stripe: 2, offset: 0, len: 8, buf_offset: 22 },
+                Segment {
+                    stripe: 0,
+                    offset: 10,
+                    len: 6,
+                    buf_offset: 0
+                },
+                Segment {
+                    stripe: 1,
+                    offset: 0,
+                    len: 16,
+                    buf_offset: 6
+                },
+                Segment {
+                    stripe: 2,
+                    offset: 0,
+                    len: 8,
+                    buf_offset: 22
+                },
             ]
         );
         assert_eq!(segments(5, 0, 16).count(), 0);

@@ -27,7 +27,9 @@ pub struct Secret {
 impl Secret {
     #[must_use]
     pub fn new(secret: &str) -> Self {
-        Self { key: blake3::derive_key("tessera cluster secret v1", secret.as_bytes()) }
+        Self {
+            key: blake3::derive_key("tessera cluster secret v1", secret.as_bytes()),
+        }
     }
 
     fn mac(&self, role: &[u8], a: &[u8; 32], b: &[u8; 32]) -> blake3::Hash {
@@ -85,22 +87,35 @@ fn hello(nonce: &[u8; 32]) -> [u8; 38] {
     buf
 }
 
-async fn with_timeout<T>(f: impl std::future::Future<Output = Result<T, AuthError>>) -> Result<T, AuthError> {
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, f).await.map_err(|_| AuthError::Timeout)?
+async fn with_timeout<T>(
+    f: impl std::future::Future<Output = Result<T, AuthError>>,
+) -> Result<T, AuthError> {
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, f)
+        .await
+        .map_err(|_| AuthError::Timeout)?
 }
 
 /// Client side of the handshake.
-pub async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, secret: &Secret) -> Result<(), AuthError> {
+pub async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    secret: &Secret,
+) -> Result<(), AuthError> {
     with_timeout(async {
         let ours = nonce();
         s.write_all(&hello(&ours)).await?;
         let (version, theirs) = read_hello(s).await?;
         if version != PROTOCOL_VERSION {
-            return Err(AuthError::Version { ours: PROTOCOL_VERSION, theirs: version });
+            return Err(AuthError::Version {
+                ours: PROTOCOL_VERSION,
+                theirs: version,
+            });
         }
-        s.write_all(secret.mac(b"client", &theirs, &ours).as_bytes()).await?;
+        s.write_all(secret.mac(b"client", &theirs, &ours).as_bytes())
+            .await?;
         let mut verdict = [0u8; 1];
-        s.read_exact(&mut verdict).await.map_err(|_| AuthError::Refused)?;
+        s.read_exact(&mut verdict)
+            .await
+            .map_err(|_| AuthError::Refused)?;
         if verdict[0] != 1 {
             return Err(AuthError::Refused);
         }
@@ -116,13 +131,19 @@ pub async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, secr
 
 /// Server side of the handshake. On a wrong secret the client is told so before the error
 /// returns, and the caller closes the connection.
-pub async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, secret: &Secret) -> Result<(), AuthError> {
+pub async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    secret: &Secret,
+) -> Result<(), AuthError> {
     with_timeout(async {
         let (version, theirs) = read_hello(s).await?;
         let ours = nonce();
         s.write_all(&hello(&ours)).await?;
         if version != PROTOCOL_VERSION {
-            return Err(AuthError::Version { ours: PROTOCOL_VERSION, theirs: version });
+            return Err(AuthError::Version {
+                ours: PROTOCOL_VERSION,
+                theirs: version,
+            });
         }
         let mut proof = [0u8; 32];
         s.read_exact(&mut proof).await?;
@@ -166,7 +187,9 @@ mod tests {
     #[tokio::test]
     async fn garbage_is_not_a_peer() {
         let (mut a, mut b) = tokio::io::duplex(1024);
-        a.write_all(b"GET / HTTP/1.1\r\nHost: example\r\n\r\n0123456789").await.unwrap();
+        a.write_all(b"GET / HTTP/1.1\r\nHost: example\r\n\r\n0123456789")
+            .await
+            .unwrap();
         let s = server_handshake(&mut b, &Secret::new("x")).await;
         assert!(matches!(s, Err(AuthError::BadMagic)), "{s:?}");
     }

@@ -70,9 +70,17 @@ pub struct Frame {
 }
 
 /// The prefix and header of an outgoing frame; the payload is written after it unchanged.
-pub fn encode_head(id: u64, kind: FrameKind, header: &[u8], payload_len: usize) -> Result<Vec<u8>, FrameError> {
+pub fn encode_head(
+    id: u64,
+    kind: FrameKind,
+    header: &[u8],
+    payload_len: usize,
+) -> Result<Vec<u8>, FrameError> {
     let body = u64::from(BODY_FIXED) + header.len() as u64 + payload_len as u64;
-    let body = u32::try_from(body).map_err(|_| FrameError::TooLarge { len: body, max: u32::MAX })?;
+    let body = u32::try_from(body).map_err(|_| FrameError::TooLarge {
+        len: body,
+        max: u32::MAX,
+    })?;
     let mut out = Vec::with_capacity(PREFIX_LEN + header.len());
     out.extend_from_slice(&body.to_le_bytes());
     out.extend_from_slice(&id.to_le_bytes());
@@ -104,17 +112,28 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
         k => return Err(FrameError::Malformed(format!("unknown frame kind {k}"))),
     };
     if prefix[13] != 0 {
-        return Err(FrameError::Malformed(format!("unknown flags {:#x}", prefix[13])));
+        return Err(FrameError::Malformed(format!(
+            "unknown flags {:#x}",
+            prefix[13]
+        )));
     }
     let header_len = u32::from_le_bytes(prefix[14..18].try_into().expect("4 bytes"));
     if body > limits.max_frame {
-        return Err(FrameError::TooLarge { len: u64::from(body), max: limits.max_frame });
+        return Err(FrameError::TooLarge {
+            len: u64::from(body),
+            max: limits.max_frame,
+        });
     }
     if body < BODY_FIXED || header_len > body - BODY_FIXED {
-        return Err(FrameError::Malformed(format!("header of {header_len} bytes in a body of {body}")));
+        return Err(FrameError::Malformed(format!(
+            "header of {header_len} bytes in a body of {body}"
+        )));
     }
     if header_len > limits.max_header {
-        return Err(FrameError::TooLarge { len: u64::from(header_len), max: limits.max_header });
+        return Err(FrameError::TooLarge {
+            len: u64::from(header_len),
+            max: limits.max_header,
+        });
     }
     let mut header = vec![0u8; header_len as usize];
     read_full(r, &mut header).await?;
@@ -131,7 +150,12 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
         }
         buf.freeze()
     };
-    Ok(Some(Frame { id, kind, header, payload }))
+    Ok(Some(Frame {
+        id,
+        kind,
+        header,
+        payload,
+    }))
 }
 
 async fn read_full<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8]) -> Result<(), FrameError> {
@@ -181,20 +205,35 @@ mod tests {
         let good = frame_bytes(1, FrameKind::Request, b"h", b"data");
         // Every strict prefix of a frame is a truncated frame, never a panic or a hang.
         for cut in 1..good.len() {
-            assert!(matches!(read_all(&good[..cut]).await, Err(FrameError::Truncated)), "cut {cut}");
+            assert!(
+                matches!(read_all(&good[..cut]).await, Err(FrameError::Truncated)),
+                "cut {cut}"
+            );
         }
         let mut bad_kind = good.clone();
         bad_kind[12] = 9;
-        assert!(matches!(read_all(&bad_kind).await, Err(FrameError::Malformed(_))));
+        assert!(matches!(
+            read_all(&bad_kind).await,
+            Err(FrameError::Malformed(_))
+        ));
         let mut bad_hdr = good.clone();
         bad_hdr[14..18].copy_from_slice(&1000u32.to_le_bytes());
-        assert!(matches!(read_all(&bad_hdr).await, Err(FrameError::Malformed(_))));
+        assert!(matches!(
+            read_all(&bad_hdr).await,
+            Err(FrameError::Malformed(_))
+        ));
         let mut huge = good.clone();
         huge[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(read_all(&huge).await, Err(FrameError::TooLarge { .. })));
+        assert!(matches!(
+            read_all(&huge).await,
+            Err(FrameError::TooLarge { .. })
+        ));
         let mut short_body = good;
         short_body[0..4].copy_from_slice(&3u32.to_le_bytes());
-        assert!(matches!(read_all(&short_body).await, Err(FrameError::Malformed(_))));
+        assert!(matches!(
+            read_all(&short_body).await,
+            Err(FrameError::Malformed(_))
+        ));
     }
 
     proptest! {

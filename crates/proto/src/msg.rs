@@ -14,7 +14,9 @@ pub const NAME_MAX: usize = 255;
 pub const DIR_PAGE_MAX: u32 = 1024;
 
 /// A point in time with nanoseconds, as POSIX timestamps are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
 pub struct Timespec {
     pub secs: i64,
     pub nanos: u32,
@@ -30,13 +32,22 @@ impl Timespec {
 impl From<SystemTime> for Timespec {
     fn from(t: SystemTime) -> Self {
         match t.duration_since(UNIX_EPOCH) {
-            Ok(d) => Self { secs: d.as_secs() as i64, nanos: d.subsec_nanos() },
+            Ok(d) => Self {
+                secs: d.as_secs() as i64,
+                nanos: d.subsec_nanos(),
+            },
             Err(e) => {
                 let d = e.duration();
                 if d.subsec_nanos() == 0 {
-                    Self { secs: -(d.as_secs() as i64), nanos: 0 }
+                    Self {
+                        secs: -(d.as_secs() as i64),
+                        nanos: 0,
+                    }
                 } else {
-                    Self { secs: -(d.as_secs() as i64) - 1, nanos: 1_000_000_000 - d.subsec_nanos() }
+                    Self {
+                        secs: -(d.as_secs() as i64) - 1,
+                        nanos: 1_000_000_000 - d.subsec_nanos(),
+                    }
                 }
             }
         }
@@ -48,7 +59,8 @@ impl From<Timespec> for SystemTime {
         if t.secs >= 0 {
             UNIX_EPOCH + Duration::new(t.secs as u64, t.nanos)
         } else {
-            UNIX_EPOCH - Duration::from_secs(t.secs.unsigned_abs()) + Duration::from_nanos(u64::from(t.nanos))
+            UNIX_EPOCH - Duration::from_secs(t.secs.unsigned_abs())
+                + Duration::from_nanos(u64::from(t.nanos))
         }
     }
 }
@@ -117,7 +129,12 @@ pub enum Op {
     /// Read up to `len` bytes at `offset` in a stripe. The reply payload may be shorter than
     /// `len` (or empty) where the stripe holds less: the client fills holes with zeros up to the
     /// file size. Reply: `Ok` with payload.
-    ReadStripe { file: Ino, stripe: u64, offset: u32, len: u32 },
+    ReadStripe {
+        file: Ino,
+        stripe: u64,
+        offset: u32,
+        len: u32,
+    },
     /// Node-wide: cut every stripe of `file` held here to end at byte `size` of the file.
     TruncateStripes { file: Ino, size: u64 },
     /// Node-wide: delete every stripe of `file` held here.
@@ -129,10 +146,18 @@ pub enum Op {
     /// Reply: `Inode` (the updated one).
     InodeSetAttr { ino: Ino, attr: SetAttr },
     /// Raise the size to at least `size` and set mtime/ctime (a writer's flush). Reply: `Inode`.
-    InodeExtend { ino: Ino, size: u64, mtime: Timespec },
+    InodeExtend {
+        ino: Ino,
+        size: u64,
+        mtime: Timespec,
+    },
     /// Add `delta` to the link count. When links and open handles both reach zero the server
     /// deletes the inode and answers `drop_data: true`. Reply: `Links`.
-    InodeLink { ino: Ino, delta: i32, ctime: Timespec },
+    InodeLink {
+        ino: Ino,
+        delta: i32,
+        ctime: Timespec,
+    },
     /// Count an open handle and return the inode (close-to-open: attributes fetched at open).
     InodeOpen { ino: Ino },
     /// Release an open handle; may delete an unlinked inode (`drop_data`). Reply: `Links`.
@@ -141,18 +166,40 @@ pub enum Op {
     /// existing entry is replaced when POSIX rename allows it (file over file, dir over dir) and
     /// returned. Errors: `NotFound` (no such dir), `NotDir`, `Exists`, `IsDir`/`NotDir` on a kind
     /// mismatch. Updates the directory's mtime. Reply: `Replaced`.
-    DirInsert { dir: Ino, name: Name, entry: DirEntry, replace: bool, mtime: Timespec },
+    DirInsert {
+        dir: Ino,
+        name: Name,
+        entry: DirEntry,
+        replace: bool,
+        mtime: Timespec,
+    },
     /// Remove an entry; `expect` guards against a concurrent change, `want_dir` enforces
     /// unlink (`Some(false)` -> `IsDir`) or rmdir (`Some(true)` -> `NotDir`). Reply: `Entry`.
-    DirRemove { dir: Ino, name: Name, expect: Option<Ino>, want_dir: Option<bool>, mtime: Timespec },
+    DirRemove {
+        dir: Ino,
+        name: Name,
+        expect: Option<Ino>,
+        want_dir: Option<bool>,
+        mtime: Timespec,
+    },
     /// Reply: `Entry`, or `NotFound`.
     DirLookup { dir: Ino, name: Name },
     /// Entries of `dir` in name order, after `after`, at most `limit` (capped at
     /// [`DIR_PAGE_MAX`]). Reply: `Entries`.
-    DirList { dir: Ino, after: Option<Name>, limit: u32 },
+    DirList {
+        dir: Ino,
+        after: Option<Name>,
+        limit: u32,
+    },
     /// Rename within one directory, atomically. Same replace rules as `DirInsert`.
     /// Reply: `Replaced` (the entry that was overwritten, if any).
-    DirRename { dir: Ino, from: Name, to: Name, replace: bool, mtime: Timespec },
+    DirRename {
+        dir: Ino,
+        from: Name,
+        to: Name,
+        replace: bool,
+        mtime: Timespec,
+    },
     /// rmdir's second half: delete directory inode `dir` if it has no entries (`NotEmpty`
     /// otherwise). From then on inserts into it fail with `NotFound`. Reply: `Ok`.
     DirDestroy { dir: Ino },
@@ -163,11 +210,21 @@ pub enum Op {
 /// Requests. Storage servers answer `Op`; the manager answers the rest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
-    Op { epoch: Epoch, op: Op },
+    Op {
+        epoch: Epoch,
+        op: Op,
+    },
     /// A storage server joins. Reply: `Registered`.
-    Register { addr: SocketAddr, capacity: u64, label: Option<String> },
+    Register {
+        addr: SocketAddr,
+        capacity: u64,
+        label: Option<String>,
+    },
     /// Reply: `HeartbeatAck`.
-    Heartbeat { node: NodeId, stats: NodeStats },
+    Heartbeat {
+        node: NodeId,
+        stats: NodeStats,
+    },
     /// Reply: `Table`, or `NotReady` until the expected servers have joined.
     GetTable,
     /// Reply: `Status`.
@@ -178,13 +235,24 @@ pub enum Request {
 pub enum Response {
     Ok,
     Inode(Inode),
-    Links { nlink: u32, drop_data: bool },
+    Links {
+        nlink: u32,
+        drop_data: bool,
+    },
     Entry(DirEntry),
     Replaced(Option<DirEntry>),
-    Entries { entries: Vec<(Name, DirEntry)>, more: bool },
+    Entries {
+        entries: Vec<(Name, DirEntry)>,
+        more: bool,
+    },
     Stats(NodeStats),
-    Registered { node: NodeId, config: ClusterConfig },
-    HeartbeatAck { epoch: Option<Epoch> },
+    Registered {
+        node: NodeId,
+        config: ClusterConfig,
+    },
+    HeartbeatAck {
+        epoch: Option<Epoch>,
+    },
     Table(TableInfo),
     Status(ClusterStatus),
     Error(ErrorCode),
@@ -222,16 +290,16 @@ impl ErrorCode {
     #[must_use]
     pub fn errno(&self) -> i32 {
         match self {
-            Self::NotFound => 2,       // ENOENT
-            Self::Exists => 17,        // EEXIST
-            Self::NotDir => 20,        // ENOTDIR
-            Self::IsDir => 21,         // EISDIR
-            Self::NotEmpty => 39,      // ENOTEMPTY
-            Self::NoSpace => 28,       // ENOSPC
-            Self::NameTooLong => 36,   // ENAMETOOLONG
-            Self::Invalid(_) => 22,    // EINVAL
+            Self::NotFound => 2,                               // ENOENT
+            Self::Exists => 17,                                // EEXIST
+            Self::NotDir => 20,                                // ENOTDIR
+            Self::IsDir => 21,                                 // EISDIR
+            Self::NotEmpty => 39,                              // ENOTEMPTY
+            Self::NoSpace => 28,                               // ENOSPC
+            Self::NameTooLong => 36,                           // ENAMETOOLONG
+            Self::Invalid(_) => 22,                            // EINVAL
             Self::StaleEpoch { .. } | Self::NotReady(_) => 11, // EAGAIN
-            Self::Internal(_) => 5,    // EIO
+            Self::Internal(_) => 5,                            // EIO
         }
     }
 }
@@ -301,7 +369,8 @@ pub fn check_name(name: &[u8]) -> Result<(), ErrorCode> {
     if name.len() > NAME_MAX {
         return Err(ErrorCode::NameTooLong);
     }
-    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
+    {
         return Err(ErrorCode::Invalid(format!(
             "bad file name {:?}",
             String::from_utf8_lossy(name)
@@ -318,8 +387,14 @@ mod tests {
     fn timespec_round_trip() {
         for t in [
             Timespec { secs: 0, nanos: 0 },
-            Timespec { secs: 1_700_000_000, nanos: 123_456_789 },
-            Timespec { secs: -5, nanos: 500 },
+            Timespec {
+                secs: 1_700_000_000,
+                nanos: 123_456_789,
+            },
+            Timespec {
+                secs: -5,
+                nanos: 500,
+            },
         ] {
             assert_eq!(Timespec::from(SystemTime::from(t)), t);
         }

@@ -8,7 +8,10 @@ use std::sync::Mutex;
 
 impl std::fmt::Debug for BufferPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BufferPool").field("buf_size", &self.buf_size).field("idle", &self.idle()).finish()
+        f.debug_struct("BufferPool")
+            .field("buf_size", &self.buf_size)
+            .field("idle", &self.idle())
+            .finish()
     }
 }
 
@@ -22,7 +25,11 @@ impl BufferPool {
     /// A pool of buffers of `buf_size` bytes keeping at most `max_free` idle ones.
     #[must_use]
     pub fn new(buf_size: usize, max_free: usize) -> Self {
-        Self { free: Mutex::new(Vec::new()), buf_size, max_free }
+        Self {
+            free: Mutex::new(Vec::new()),
+            buf_size,
+            max_free,
+        }
     }
 
     /// Size of the pooled buffers.
@@ -72,7 +79,9 @@ impl BufferPool {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<BytesMut>> {
         // A panic while holding this lock cannot leave the list inconsistent.
-        self.free.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.free
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -92,7 +101,10 @@ mod tests {
         assert_eq!(b.as_ptr(), ptr, "the same memory comes back");
         assert!(b.is_empty());
         // Shared buffers are not recycled; oversized requests bypass the pool.
-        assert!(pool.get(5).capacity() < 1024, "small requests are not pooled");
+        assert!(
+            pool.get(5).capacity() < 1024,
+            "small requests are not pooled"
+        );
         let c = pool.get(600).freeze();
         let _held = c.clone();
         pool.recycle(c);

@@ -53,7 +53,10 @@ impl RpcConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum RpcError {
     #[error("cannot connect to {addr}: {source}")]
-    Connect { addr: SocketAddr, source: std::io::Error },
+    Connect {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("cannot connect to {addr}: {source}")]
     Auth { addr: SocketAddr, source: AuthError },
     #[error("connection to {addr} lost: {reason}")]
@@ -85,7 +88,9 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
-        self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn close(&self, reason: String) {
@@ -94,7 +99,10 @@ impl Shared {
             p.closed = Some(reason.clone());
         }
         for (_, w) in p.waiting.drain() {
-            let _ = w.send(Err(RpcError::Closed { addr: self.addr, reason: reason.clone() }));
+            let _ = w.send(Err(RpcError::Closed {
+                addr: self.addr,
+                reason: reason.clone(),
+            }));
         }
     }
 }
@@ -122,7 +130,10 @@ impl RpcClient {
             .await
             .map_err(|source| RpcError::Auth { addr, source })?;
         let (rd, wr) = stream.into_split();
-        let shared = Arc::new(Shared { addr, pending: Mutex::default() });
+        let shared = Arc::new(Shared {
+            addr,
+            pending: Mutex::default(),
+        });
         let (tx, rx) = mpsc::channel(SEND_QUEUE);
         let w_shared = shared.clone();
         tokio::spawn(async move {
@@ -156,7 +167,12 @@ impl RpcClient {
             debug!(addr = %r_shared.addr, "connection ended: {reason}");
             r_shared.close(reason);
         });
-        Ok(Self { shared, tx, next_id: AtomicU64::new(1), request_timeout: cfg.request_timeout })
+        Ok(Self {
+            shared,
+            tx,
+            next_id: AtomicU64::new(1),
+            request_timeout: cfg.request_timeout,
+        })
     }
 
     /// Sends a request with a raw payload and waits for its response.
@@ -176,15 +192,26 @@ impl RpcClient {
         {
             let mut p = self.shared.lock();
             if let Some(reason) = &p.closed {
-                return Err(RpcError::Closed { addr, reason: reason.clone() });
+                return Err(RpcError::Closed {
+                    addr,
+                    reason: reason.clone(),
+                });
             }
             p.waiting.insert(id, wtx);
         }
         if self.tx.send(Outgoing { head, payload }).await.is_err() {
             self.shared.lock().waiting.remove(&id);
-            return Err(RpcError::Closed { addr, reason: "writer stopped".into() });
+            return Err(RpcError::Closed {
+                addr,
+                reason: "writer stopped".into(),
+            });
         }
-        Ok(Waiter { id, rx: wrx, shared: self.shared.clone(), timeout: self.request_timeout })
+        Ok(Waiter {
+            id,
+            rx: wrx,
+            shared: self.shared.clone(),
+            timeout: self.request_timeout,
+        })
     }
 
     /// True once the connection is gone; a new one must be made.
@@ -212,10 +239,16 @@ impl Waiter {
         let addr = self.shared.addr;
         match tokio::time::timeout(self.timeout, self.rx).await {
             Ok(Ok(reply)) => reply,
-            Ok(Err(_)) => Err(RpcError::Closed { addr, reason: "connection dropped".into() }),
+            Ok(Err(_)) => Err(RpcError::Closed {
+                addr,
+                reason: "connection dropped".into(),
+            }),
             Err(_) => {
                 self.shared.lock().waiting.remove(&self.id);
-                Err(RpcError::Timeout { addr, after: self.timeout })
+                Err(RpcError::Timeout {
+                    addr,
+                    after: self.timeout,
+                })
             }
         }
     }
@@ -264,7 +297,12 @@ pub async fn serve(listener: TcpListener, cfg: Arc<RpcConfig>, handler: Arc<dyn 
 
 /// Authenticates and serves one connection until it closes or misbehaves. A malformed frame
 /// ends this connection only, with a logged error.
-pub async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, cfg: &RpcConfig, handler: Arc<dyn Handler>) {
+pub async fn serve_connection(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    cfg: &RpcConfig,
+    handler: Arc<dyn Handler>,
+) {
     let _ = stream.set_nodelay(true);
     if let Err(e) = server_handshake(&mut stream, &cfg.secret).await {
         warn!(%peer, "refused connection: {e}");
@@ -301,7 +339,10 @@ pub async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, cfg: &Rpc
         let (resp, payload) = handler.handle(req, frame.payload);
         let head = postcard::to_allocvec(&resp)
             .map_err(|e| e.to_string())
-            .and_then(|h| encode_head(frame.id, FrameKind::Response, &h, payload.len()).map_err(|e| e.to_string()));
+            .and_then(|h| {
+                encode_head(frame.id, FrameKind::Response, &h, payload.len())
+                    .map_err(|e| e.to_string())
+            });
         match head {
             Ok(head) => {
                 if tx.send(Outgoing { head, payload }).await.is_err() {
@@ -333,14 +374,19 @@ mod tests {
     impl Handler for Echo {
         fn handle(&self, req: Request, payload: Bytes) -> (Response, Bytes) {
             match req {
-                Request::Op { op: Op::NodeStats, .. } => (Response::Error(ErrorCode::NotFound), Bytes::new()),
+                Request::Op {
+                    op: Op::NodeStats, ..
+                } => (Response::Error(ErrorCode::NotFound), Bytes::new()),
                 _ => (Response::Ok, payload),
             }
         }
     }
 
     fn cfg(secret: &str) -> Arc<RpcConfig> {
-        Arc::new(RpcConfig::new(Secret::new(secret), Arc::new(BufferPool::new(1 << 20, 8))))
+        Arc::new(RpcConfig::new(
+            Secret::new(secret),
+            Arc::new(BufferPool::new(1 << 20, 8)),
+        ))
     }
 
     async fn start(secret: &str) -> SocketAddr {
@@ -368,7 +414,16 @@ mod tests {
         for t in calls {
             t.await.unwrap();
         }
-        let (resp, _) = c.call(&Request::Op { epoch: 1, op: Op::NodeStats }, Bytes::new()).await.unwrap();
+        let (resp, _) = c
+            .call(
+                &Request::Op {
+                    epoch: 1,
+                    op: Op::NodeStats,
+                },
+                Bytes::new(),
+            )
+            .await
+            .unwrap();
         assert_eq!(resp, Response::Error(ErrorCode::NotFound));
     }
 
@@ -376,7 +431,10 @@ mod tests {
     async fn wrong_secret_is_refused() {
         let addr = start("right").await;
         match RpcClient::connect(addr, &cfg("wrong")).await {
-            Err(RpcError::Auth { source: AuthError::Refused, .. }) => {}
+            Err(RpcError::Auth {
+                source: AuthError::Refused,
+                ..
+            }) => {}
             other => panic!("expected refusal, got {:?}", other.err()),
         }
     }
@@ -391,13 +449,22 @@ mod tests {
         let head = encode_head(1, FrameKind::Request, &[0xff, 0xff, 0xff], 0).unwrap();
         raw.write_all(&head).await.unwrap();
         let mut buf = [0u8; 16];
-        assert_eq!(raw.read(&mut buf).await.unwrap(), 0, "server closed the bad connection");
+        assert_eq!(
+            raw.read(&mut buf).await.unwrap(),
+            0,
+            "server closed the bad connection"
+        );
         // A truncated frame, then hang-up, also ends only that connection.
         let mut raw2 = TcpStream::connect(addr).await.unwrap();
-        client_handshake(&mut raw2, &Secret::new("k")).await.unwrap();
+        client_handshake(&mut raw2, &Secret::new("k"))
+            .await
+            .unwrap();
         raw2.write_all(&head[..5]).await.unwrap();
         drop(raw2);
-        let (resp, back) = good.call(&GET, Bytes::from_static(b"still here")).await.unwrap();
+        let (resp, back) = good
+            .call(&GET, Bytes::from_static(b"still here"))
+            .await
+            .unwrap();
         assert_eq!((resp, &back[..]), (Response::Ok, &b"still here"[..]));
     }
 
@@ -416,7 +483,10 @@ mod tests {
         let err = c.call(&GET, Bytes::new()).await.unwrap_err();
         assert!(matches!(err, RpcError::Closed { .. }), "{err}");
         assert!(c.is_closed());
-        assert!(matches!(c.call(&GET, Bytes::new()).await, Err(RpcError::Closed { .. })));
+        assert!(matches!(
+            c.call(&GET, Bytes::new()).await,
+            Err(RpcError::Closed { .. })
+        ));
         server.await.unwrap();
     }
 }

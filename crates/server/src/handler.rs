@@ -6,7 +6,9 @@ use bytes::Bytes;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use tessera_placement::{meta_partition, stripe_partition, Epoch, NodeId, PartitionId};
-use tessera_proto::{BufferPool, ClusterConfig, ErrorCode, Handler, NodeStats, Op, Request, Response, TableInfo};
+use tessera_proto::{
+    BufferPool, ClusterConfig, ErrorCode, Handler, NodeStats, Op, Request, Response, TableInfo,
+};
 use tokio::sync::Notify;
 
 pub struct NodeHandler {
@@ -44,7 +46,10 @@ impl NodeHandler {
     }
 
     fn table(&self) -> Option<Arc<TableInfo>> {
-        self.table.read().unwrap_or_else(PoisonError::into_inner).clone()
+        self.table
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     #[must_use]
@@ -55,7 +60,9 @@ impl NodeHandler {
     /// Installs a table (ignoring one older than ours).
     pub fn install(&self, info: TableInfo) {
         let mut t = self.table.write().unwrap_or_else(PoisonError::into_inner);
-        if t.as_ref().is_none_or(|cur| cur.table.epoch() < info.table.epoch()) {
+        if t.as_ref()
+            .is_none_or(|cur| cur.table.epoch() < info.table.epoch())
+        {
             tracing::info!(epoch = info.table.epoch(), "installed partition table");
             *t = Some(Arc::new(info));
         }
@@ -86,7 +93,9 @@ impl NodeHandler {
     fn partition(&self, op: &Op) -> Option<PartitionId> {
         let p = self.config.partitions;
         match op {
-            Op::WriteStripe { file, stripe, .. } | Op::ReadStripe { file, stripe, .. } => Some(stripe_partition(*file, *stripe, p)),
+            Op::WriteStripe { file, stripe, .. } | Op::ReadStripe { file, stripe, .. } => {
+                Some(stripe_partition(*file, *stripe, p))
+            }
             Op::InodeCreate { inode } => Some(meta_partition(inode.ino, p)),
             Op::InodeGet { ino }
             | Op::InodeSetAttr { ino, .. }
@@ -107,7 +116,9 @@ impl NodeHandler {
     fn serve_op(&self, epoch: Epoch, op: Op, payload: Bytes) -> Reply {
         let Some(table) = self.table() else {
             self.refresh.notify_one();
-            return err(ErrorCode::NotReady("this server has no partition table yet".into()));
+            return err(ErrorCode::NotReady(
+                "this server has no partition table yet".into(),
+            ));
         };
         let current = table.table.epoch();
         if epoch != current {
@@ -126,8 +137,21 @@ impl NodeHandler {
         let held = || (0..table.table.partitions()).filter(|&q| table.table.holds(self.node, q));
         let s = &self.store;
         let result: Result<Reply, ErrorCode> = match op {
-            Op::WriteStripe { file, stripe, offset } => s.write(p, file, stripe, offset, payload).map(|()| (Response::Ok, Bytes::new())),
-            Op::ReadStripe { file, stripe, offset, len } => s.read(p, file, stripe, offset, len).map(|b| (Response::Ok, b)),
+            Op::WriteStripe {
+                file,
+                stripe,
+                offset,
+            } => s
+                .write(p, file, stripe, offset, payload)
+                .map(|()| (Response::Ok, Bytes::new())),
+            Op::ReadStripe {
+                file,
+                stripe,
+                offset,
+                len,
+            } => s
+                .read(p, file, stripe, offset, len)
+                .map(|b| (Response::Ok, b)),
             Op::TruncateStripes { file, size } => s.truncate(held(), file, size).map(|()| ok()),
             Op::DropFile { file } => s.drop_file(held(), file).map(|()| ok()),
             Op::InodeCreate { inode } => s.inode_create(p, inode).map(|()| ok()),
@@ -137,19 +161,39 @@ impl NodeHandler {
             Op::InodeLink { ino, delta, ctime } => s.inode_link(p, ino, delta, ctime).map(links),
             Op::InodeOpen { ino } => s.inode_open(p, ino).map(inode),
             Op::InodeClose { ino } => s.inode_close(p, ino).map(links),
-            Op::DirInsert { dir, name, entry, replace, mtime } => {
-                s.dir_insert(p, dir, name, entry, replace, mtime).map(|r| (Response::Replaced(r), Bytes::new()))
-            }
-            Op::DirRemove { dir, name, expect, want_dir, mtime } => {
-                s.dir_remove(p, dir, name, expect, want_dir, mtime).map(|e| (Response::Entry(e), Bytes::new()))
-            }
-            Op::DirLookup { dir, name } => s.dir_lookup(p, dir, &name).map(|e| (Response::Entry(e), Bytes::new())),
-            Op::DirList { dir, after, limit } => {
-                s.dir_list(p, dir, after, limit).map(|(entries, more)| (Response::Entries { entries, more }, Bytes::new()))
-            }
-            Op::DirRename { dir, from, to, replace, mtime } => {
-                s.dir_rename(p, dir, from, to, replace, mtime).map(|r| (Response::Replaced(r), Bytes::new()))
-            }
+            Op::DirInsert {
+                dir,
+                name,
+                entry,
+                replace,
+                mtime,
+            } => s
+                .dir_insert(p, dir, name, entry, replace, mtime)
+                .map(|r| (Response::Replaced(r), Bytes::new())),
+            Op::DirRemove {
+                dir,
+                name,
+                expect,
+                want_dir,
+                mtime,
+            } => s
+                .dir_remove(p, dir, name, expect, want_dir, mtime)
+                .map(|e| (Response::Entry(e), Bytes::new())),
+            Op::DirLookup { dir, name } => s
+                .dir_lookup(p, dir, &name)
+                .map(|e| (Response::Entry(e), Bytes::new())),
+            Op::DirList { dir, after, limit } => s
+                .dir_list(p, dir, after, limit)
+                .map(|(entries, more)| (Response::Entries { entries, more }, Bytes::new())),
+            Op::DirRename {
+                dir,
+                from,
+                to,
+                replace,
+                mtime,
+            } => s
+                .dir_rename(p, dir, from, to, replace, mtime)
+                .map(|r| (Response::Replaced(r), Bytes::new())),
             Op::DirDestroy { dir } => s.dir_destroy(p, dir).map(|()| ok()),
             Op::NodeStats => Ok((Response::Stats(self.stats()), Bytes::new())),
         };
@@ -176,7 +220,9 @@ impl Handler for NodeHandler {
                 self.load.fetch_sub(1, Ordering::Relaxed);
                 reply
             }
-            _ => err(ErrorCode::Invalid("a storage server only serves file operations".into())),
+            _ => err(ErrorCode::Invalid(
+                "a storage server only serves file operations".into(),
+            )),
         }
     }
 }

@@ -10,7 +10,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_placement::NodeId;
-use tessera_proto::{BufferPool, ClusterConfig, ErrorCode, Request, Response, RpcClient, RpcConfig, RpcError, Secret};
+use tessera_proto::{
+    BufferPool, ClusterConfig, ErrorCode, Request, Response, RpcClient, RpcConfig, RpcError, Secret,
+};
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
@@ -36,14 +38,25 @@ pub struct ServerOptions {
 impl ServerOptions {
     #[must_use]
     pub fn new(listen: SocketAddr, manager: SocketAddr, secret: Secret, capacity: u64) -> Self {
-        Self { listen, advertise: None, manager, secret, capacity, label: None, heartbeat: Duration::from_millis(500) }
+        Self {
+            listen,
+            advertise: None,
+            manager,
+            secret,
+            capacity,
+            label: None,
+            heartbeat: Duration::from_millis(500),
+        }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("the manager at {addr} refused this server: {source}")]
     Refused { addr: SocketAddr, source: RpcError },
     #[error("cannot reach the manager at {addr}: {reason}")]
@@ -74,9 +87,17 @@ impl RunningServer {
     }
 }
 
-async fn register(opts: &ServerOptions, rpc: &RpcConfig, addr: SocketAddr) -> Result<(RpcClient, NodeId, ClusterConfig), ServerError> {
+async fn register(
+    opts: &ServerOptions,
+    rpc: &RpcConfig,
+    addr: SocketAddr,
+) -> Result<(RpcClient, NodeId, ClusterConfig), ServerError> {
     let deadline = tokio::time::Instant::now() + REGISTER_PATIENCE;
-    let req = Request::Register { addr, capacity: opts.capacity, label: opts.label.clone() };
+    let req = Request::Register {
+        addr,
+        capacity: opts.capacity,
+        label: opts.label.clone(),
+    };
     loop {
         let attempt = async {
             let conn = RpcClient::connect(opts.manager, rpc).await?;
@@ -86,10 +107,22 @@ async fn register(opts: &ServerOptions, rpc: &RpcConfig, addr: SocketAddr) -> Re
         match attempt.await {
             Ok((conn, Response::Registered { node, config })) => return Ok((conn, node, config)),
             Ok((_, Response::Error(e))) => return Err(ServerError::Rejected(e.to_string())),
-            Ok((_, other)) => return Err(ServerError::Rejected(format!("unexpected answer {other:?}"))),
-            Err(e @ RpcError::Auth { .. }) => return Err(ServerError::Refused { addr: opts.manager, source: e }),
+            Ok((_, other)) => {
+                return Err(ServerError::Rejected(format!(
+                    "unexpected answer {other:?}"
+                )))
+            }
+            Err(e @ RpcError::Auth { .. }) => {
+                return Err(ServerError::Refused {
+                    addr: opts.manager,
+                    source: e,
+                })
+            }
             Err(e) if tokio::time::Instant::now() > deadline => {
-                return Err(ServerError::Unreachable { addr: opts.manager, reason: e.to_string() })
+                return Err(ServerError::Unreachable {
+                    addr: opts.manager,
+                    reason: e.to_string(),
+                })
             }
             Err(e) => {
                 warn!("manager not reachable yet ({e}); retrying");
@@ -101,8 +134,16 @@ async fn register(opts: &ServerOptions, rpc: &RpcConfig, addr: SocketAddr) -> Re
 
 /// Binds, registers with the manager, and starts serving and heart-beating.
 pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
-    let listener = TcpListener::bind(opts.listen).await.map_err(|source| ServerError::Bind { addr: opts.listen, source })?;
-    let bound = listener.local_addr().map_err(|source| ServerError::Bind { addr: opts.listen, source })?;
+    let listener = TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: opts.listen,
+            source,
+        })?;
+    let bound = listener.local_addr().map_err(|source| ServerError::Bind {
+        addr: opts.listen,
+        source,
+    })?;
     let addr = opts.advertise.unwrap_or(bound);
     // Registration happens before the stripe size is known: its pool is sized for small frames.
     let probe = RpcConfig::new(opts.secret.clone(), Arc::new(BufferPool::new(64 << 10, 4)));
@@ -120,7 +161,12 @@ pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
 
 /// Reports statistics every `heartbeat` and installs newer tables; reconnects to the manager
 /// whenever it has to, forever.
-async fn heartbeat(handler: Arc<NodeHandler>, manager: RpcClient, opts: ServerOptions, rpc: Arc<RpcConfig>) {
+async fn heartbeat(
+    handler: Arc<NodeHandler>,
+    manager: RpcClient,
+    opts: ServerOptions,
+    rpc: Arc<RpcConfig>,
+) {
     let mut conn = Some(manager);
     loop {
         tokio::select! {
@@ -137,7 +183,10 @@ async fn heartbeat(handler: Arc<NodeHandler>, manager: RpcClient, opts: ServerOp
             };
         }
         let Some(c) = conn.as_ref() else { continue };
-        let hb = Request::Heartbeat { node: handler.node(), stats: handler.stats() };
+        let hb = Request::Heartbeat {
+            node: handler.node(),
+            stats: handler.stats(),
+        };
         let epoch = match c.call(&hb, bytes::Bytes::new()).await {
             Ok((Response::HeartbeatAck { epoch }, _)) => epoch,
             Ok((Response::Error(ErrorCode::NotFound), _)) => {

@@ -6,7 +6,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use tessera_placement::{Ino, PartitionId};
-use tessera_proto::{check_name, BufferPool, DirEntry, ErrorCode, FileKind, Inode, Name, SetAttr, Timespec, DIR_PAGE_MAX};
+use tessera_proto::{
+    check_name, BufferPool, DirEntry, ErrorCode, FileKind, Inode, Name, SetAttr, Timespec,
+    DIR_PAGE_MAX,
+};
 
 /// Bytes charged for an inode and for a directory entry beyond its name: rough, but it keeps a
 /// metadata-only workload from growing without bound.
@@ -51,7 +54,12 @@ fn entry_cost(name: &[u8]) -> u64 {
 
 impl Store {
     #[must_use]
-    pub fn new(partitions: u32, stripe_size: u32, capacity: u64, pool: std::sync::Arc<BufferPool>) -> Self {
+    pub fn new(
+        partitions: u32,
+        stripe_size: u32,
+        capacity: u64,
+        pool: std::sync::Arc<BufferPool>,
+    ) -> Self {
         Self {
             partitions: (0..partitions).map(|_| Mutex::default()).collect(),
             stripe_size,
@@ -78,7 +86,10 @@ impl Store {
     }
 
     fn part(&self, p: PartitionId) -> R<MutexGuard<'_, Partition>> {
-        let m = self.partitions.get(p as usize).ok_or_else(|| ErrorCode::Invalid(format!("no partition {p}")))?;
+        let m = self
+            .partitions
+            .get(p as usize)
+            .ok_or_else(|| ErrorCode::Invalid(format!("no partition {p}")))?;
         Ok(m.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
@@ -86,8 +97,14 @@ impl Store {
     fn charge(&self, more: u64) -> R<()> {
         let mut cur = self.used.load(Ordering::Relaxed);
         loop {
-            let next = cur.checked_add(more).filter(|&n| n <= self.capacity).ok_or(ErrorCode::NoSpace)?;
-            match self.used.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+            let next = cur
+                .checked_add(more)
+                .filter(|&n| n <= self.capacity)
+                .ok_or(ErrorCode::NoSpace)?;
+            match self
+                .used
+                .compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
                 Ok(_) => return Ok(()),
                 Err(now) => cur = now,
             }
@@ -104,7 +121,10 @@ impl Store {
     pub fn write(&self, p: PartitionId, file: Ino, stripe: u64, offset: u32, data: Bytes) -> R<()> {
         let end = offset as usize + data.len();
         if end > self.stripe_size as usize {
-            return Err(ErrorCode::Invalid(format!("write to {offset}+{} crosses the stripe end", data.len())));
+            return Err(ErrorCode::Invalid(format!(
+                "write to {offset}+{} crosses the stripe end",
+                data.len()
+            )));
         }
         let mut part = self.part(p)?;
         let file_stripes = part.stripes.entry(file).or_default();
@@ -149,39 +169,60 @@ impl Store {
                 buf.freeze()
             }
         };
-        if part.stripes.entry(file).or_default().insert(stripe, stored).is_none() {
+        if part
+            .stripes
+            .entry(file)
+            .or_default()
+            .insert(stripe, stored)
+            .is_none()
+        {
             self.stripes.fetch_add(1, Ordering::Relaxed);
         }
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        self.counters.bytes_written.fetch_add((end - offset as usize) as u64, Ordering::Relaxed);
+        self.counters
+            .bytes_written
+            .fetch_add((end - offset as usize) as u64, Ordering::Relaxed);
         Ok(())
     }
 
     /// Up to `len` bytes at `offset` of a stripe (fewer where it holds less), without copying.
     pub fn read(&self, p: PartitionId, file: Ino, stripe: u64, offset: u32, len: u32) -> R<Bytes> {
         let part = self.part(p)?;
-        let data = part.stripes.get(&file).and_then(|s| s.get(&stripe)).map_or_else(Bytes::new, |b| {
-            let start = (offset as usize).min(b.len());
-            b.slice(start..b.len().min(start + len as usize))
-        });
+        let data = part
+            .stripes
+            .get(&file)
+            .and_then(|s| s.get(&stripe))
+            .map_or_else(Bytes::new, |b| {
+                let start = (offset as usize).min(b.len());
+                b.slice(start..b.len().min(start + len as usize))
+            });
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
-        self.counters.bytes_read.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.counters
+            .bytes_read
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
         Ok(data)
     }
 
     /// Cuts `file`'s stripes in the given partitions to end at byte `size` of the file.
-    pub fn truncate(&self, parts: impl Iterator<Item = PartitionId>, file: Ino, size: u64) -> R<()> {
+    pub fn truncate(
+        &self,
+        parts: impl Iterator<Item = PartitionId>,
+        file: Ino,
+        size: u64,
+    ) -> R<()> {
         let ss = u64::from(self.stripe_size);
         for p in parts {
             let mut part = self.part(p)?;
-            let Some(stripes) = part.stripes.get_mut(&file) else { continue };
+            let Some(stripes) = part.stripes.get_mut(&file) else {
+                continue;
+            };
             let first_gone = size.div_ceil(ss);
             for (_, b) in stripes.split_off(&first_gone) {
                 self.refund(b.len() as u64);
                 self.stripes.fetch_sub(1, Ordering::Relaxed);
                 self.pool.recycle(b);
             }
-            if size % ss != 0 {
+            if !size.is_multiple_of(ss) {
                 if let Some(b) = stripes.get_mut(&(size / ss)) {
                     let keep = (size % ss) as usize;
                     if b.len() > keep {
@@ -282,7 +323,13 @@ impl Store {
         }
     }
 
-    pub fn inode_link(&self, p: PartitionId, ino: Ino, delta: i32, ctime: Timespec) -> R<(u32, bool)> {
+    pub fn inode_link(
+        &self,
+        p: PartitionId,
+        ino: Ino,
+        delta: i32,
+        ctime: Timespec,
+    ) -> R<(u32, bool)> {
         self.meta_op();
         let mut part = self.part(p)?;
         let i = part.inodes.get_mut(&ino).ok_or(ErrorCode::NotFound)?;
@@ -308,7 +355,7 @@ impl Store {
 
     // ---- directory entries (the directory's inode is in the same partition) ----
 
-    fn dir_of<'a>(part: &'a mut Partition, dir: Ino) -> R<&'a mut Inode> {
+    fn dir_of(part: &mut Partition, dir: Ino) -> R<&mut Inode> {
         let d = part.inodes.get_mut(&dir).ok_or(ErrorCode::NotFound)?;
         if d.kind != FileKind::Dir {
             return Err(ErrorCode::NotDir);
@@ -327,7 +374,12 @@ impl Store {
 
     /// Adjusts a directory after entries of kind `added`/`removed` changed: mtime, ctime, and
     /// its link count (2 + subdirectories).
-    fn touch_dir(d: &mut Inode, added: Option<FileKind>, removed: Option<FileKind>, mtime: Timespec) {
+    fn touch_dir(
+        d: &mut Inode,
+        added: Option<FileKind>,
+        removed: Option<FileKind>,
+        mtime: Timespec,
+    ) {
         if added == Some(FileKind::Dir) {
             d.nlink += 1;
         }
@@ -338,7 +390,15 @@ impl Store {
         d.ctime = mtime;
     }
 
-    pub fn dir_insert(&self, p: PartitionId, dir: Ino, name: Name, entry: DirEntry, replace: bool, mtime: Timespec) -> R<Option<DirEntry>> {
+    pub fn dir_insert(
+        &self,
+        p: PartitionId,
+        dir: Ino,
+        name: Name,
+        entry: DirEntry,
+        replace: bool,
+        mtime: Timespec,
+    ) -> R<Option<DirEntry>> {
         self.meta_op();
         check_name(&name)?;
         let mut part = self.part(p)?;
@@ -359,7 +419,15 @@ impl Store {
         Ok(old)
     }
 
-    pub fn dir_remove(&self, p: PartitionId, dir: Ino, name: Name, expect: Option<Ino>, want_dir: Option<bool>, mtime: Timespec) -> R<DirEntry> {
+    pub fn dir_remove(
+        &self,
+        p: PartitionId,
+        dir: Ino,
+        name: Name,
+        expect: Option<Ino>,
+        want_dir: Option<bool>,
+        mtime: Timespec,
+    ) -> R<DirEntry> {
         self.meta_op();
         let mut part = self.part(p)?;
         Self::dir_of(&mut part, dir)?;
@@ -383,10 +451,19 @@ impl Store {
     pub fn dir_lookup(&self, p: PartitionId, dir: Ino, name: &[u8]) -> R<DirEntry> {
         self.meta_op();
         let part = self.part(p)?;
-        part.entries.get(&(dir, name.to_vec())).copied().ok_or(ErrorCode::NotFound)
+        part.entries
+            .get(&(dir, name.to_vec()))
+            .copied()
+            .ok_or(ErrorCode::NotFound)
     }
 
-    pub fn dir_list(&self, p: PartitionId, dir: Ino, after: Option<Name>, limit: u32) -> R<(Vec<(Name, DirEntry)>, bool)> {
+    pub fn dir_list(
+        &self,
+        p: PartitionId,
+        dir: Ino,
+        after: Option<Name>,
+        limit: u32,
+    ) -> R<(Vec<(Name, DirEntry)>, bool)> {
         use std::ops::Bound::{Excluded, Included, Unbounded};
         self.meta_op();
         let mut part = self.part(p)?;
@@ -400,18 +477,32 @@ impl Store {
             Some(next) => Excluded((next, Vec::new())),
             None => Unbounded,
         };
-        let mut it = part.entries.range((start, end)).map(|((_, n), e)| (n.clone(), *e));
+        let mut it = part
+            .entries
+            .range((start, end))
+            .map(|((_, n), e)| (n.clone(), *e));
         let page: Vec<_> = it.by_ref().take(limit).collect();
         let more = it.next().is_some();
         Ok((page, more))
     }
 
-    pub fn dir_rename(&self, p: PartitionId, dir: Ino, from: Name, to: Name, replace: bool, mtime: Timespec) -> R<Option<DirEntry>> {
+    pub fn dir_rename(
+        &self,
+        p: PartitionId,
+        dir: Ino,
+        from: Name,
+        to: Name,
+        replace: bool,
+        mtime: Timespec,
+    ) -> R<Option<DirEntry>> {
         self.meta_op();
         check_name(&to)?;
         let mut part = self.part(p)?;
         Self::dir_of(&mut part, dir)?;
-        let src = *part.entries.get(&(dir, from.clone())).ok_or(ErrorCode::NotFound)?;
+        let src = *part
+            .entries
+            .get(&(dir, from.clone()))
+            .ok_or(ErrorCode::NotFound)?;
         if from == to {
             return Ok(None);
         }
@@ -442,7 +533,11 @@ impl Store {
         self.meta_op();
         let mut part = self.part(p)?;
         Self::dir_of(&mut part, dir)?;
-        let has_entries = part.entries.range((dir, Vec::new())..).next().is_some_and(|((d, _), _)| *d == dir);
+        let has_entries = part
+            .entries
+            .range((dir, Vec::new())..)
+            .next()
+            .is_some_and(|((d, _), _)| *d == dir);
         if has_entries {
             return Err(ErrorCode::NotEmpty);
         }

@@ -15,11 +15,20 @@ pub fn bin(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let dir = exe
         .parent()
-        .and_then(|d| if d.ends_with("deps") { d.parent() } else { Some(d) })
+        .and_then(|d| {
+            if d.ends_with("deps") {
+                d.parent()
+            } else {
+                Some(d)
+            }
+        })
         .context("test executable has no parent directory")?;
     let path = dir.join(name);
     if !path.exists() {
-        bail!("{} is missing: build it first with `cargo build --workspace --bins`", path.display());
+        bail!(
+            "{} is missing: build it first with `cargo build --workspace --bins`",
+            path.display()
+        );
     }
     Ok(path)
 }
@@ -69,7 +78,12 @@ pub struct ClusterSpec {
 
 impl Default for ClusterSpec {
     fn default() -> Self {
-        Self { servers: 3, memory: "1GiB".into(), stripe_size: "1MiB".into(), partitions: 256 }
+        Self {
+            servers: 3,
+            memory: "1GiB".into(),
+            stripe_size: "1MiB".into(),
+            partitions: 256,
+        }
     }
 }
 
@@ -97,17 +111,41 @@ impl Cluster {
         let manager: SocketAddr = format!("127.0.0.1:{port}").parse()?;
         let secret = format!("test-{:016x}", rand::random::<u64>());
         let mut m = quiet(Command::new(&tessera));
-        m.args(["manager", "--listen", &manager.to_string(), "--expect", &spec.servers.to_string()])
-            .args(["--partitions", &spec.partitions.to_string(), "--stripe-size", &spec.stripe_size])
-            .env("TESSERA_SECRET", &secret);
+        m.args([
+            "manager",
+            "--listen",
+            &manager.to_string(),
+            "--expect",
+            &spec.servers.to_string(),
+        ])
+        .args([
+            "--partitions",
+            &spec.partitions.to_string(),
+            "--stripe-size",
+            &spec.stripe_size,
+        ])
+        .env("TESSERA_SECRET", &secret);
         let manager_proc = m.spawn().context("starting the manager")?;
-        let mut cluster = Self { manager, secret, manager_proc, servers: Vec::new() };
+        let mut cluster = Self {
+            manager,
+            secret,
+            manager_proc,
+            servers: Vec::new(),
+        };
         for i in 0..spec.servers {
             let mut s = quiet(Command::new(&tessera));
-            s.args(["server", "--listen", &format!("127.0.0.{}:0", i + 2), "--manager", &manager.to_string()])
-                .args(["--memory", &spec.memory])
-                .env("TESSERA_SECRET", &cluster.secret);
-            cluster.servers.push(s.spawn().context("starting a server")?);
+            s.args([
+                "server",
+                "--listen",
+                &format!("127.0.0.{}:0", i + 2),
+                "--manager",
+                &manager.to_string(),
+            ])
+            .args(["--memory", &spec.memory])
+            .env("TESSERA_SECRET", &cluster.secret);
+            cluster
+                .servers
+                .push(s.spawn().context("starting a server")?);
         }
         cluster.wait_ready()?;
         Ok(cluster)
@@ -143,7 +181,11 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for c in self.servers.iter_mut().chain(std::iter::once(&mut self.manager_proc)) {
+        for c in self
+            .servers
+            .iter_mut()
+            .chain(std::iter::once(&mut self.manager_proc))
+        {
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -170,7 +212,11 @@ impl Worker {
         let mut child = cmd.spawn().context("starting tessera-worker")?;
         let stdin = child.stdin.take().context("worker stdin")?;
         let stdout = BufReader::new(child.stdout.take().context("worker stdout")?);
-        Ok(Self { child, stdin, stdout })
+        Ok(Self {
+            child,
+            stdin,
+            stdout,
+        })
     }
 
     /// Sends one command and returns its reply (`{"ok": true, ...}` or `{"ok": false, "errno": N, "error": "..."}`).

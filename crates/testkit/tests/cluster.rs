@@ -17,21 +17,32 @@ const ENOTEMPTY: i32 = 39;
 
 fn read_hash(w: &mut Worker, path: &str) -> Result<(u64, String)> {
     let v = w.ok(&json!({"cmd": "read_file", "path": path}))?;
-    Ok((v["len"].as_u64().unwrap_or(u64::MAX), v["hash"].as_str().unwrap_or("").to_string()))
+    Ok((
+        v["len"].as_u64().unwrap_or(u64::MAX),
+        v["hash"].as_str().unwrap_or("").to_string(),
+    ))
 }
 
 #[test]
 fn files_of_edge_sizes_round_trip_between_processes() -> Result<()> {
     let cluster = Cluster::start(&ClusterSpec::default())?;
     let (mut writer, mut reader) = (cluster.worker()?, cluster.worker()?);
-    for (i, size) in [0, 1, MIB - 1, MIB, MIB + 1, 100 * MIB].into_iter().enumerate() {
+    for (i, size) in [0, 1, MIB - 1, MIB, MIB + 1, 100 * MIB]
+        .into_iter()
+        .enumerate()
+    {
         let path = format!("/size-{size}");
         // Odd-sized writes exercise the aggregation of small writes into stripes.
-        writer.ok(&json!({"cmd": "write_file", "path": path, "len": size, "seed": i, "chunk": 300_001}))?;
+        writer.ok(
+            &json!({"cmd": "write_file", "path": path, "len": size, "seed": i, "chunk": 300_001}),
+        )?;
         let (len, hash) = read_hash(&mut reader, &path)?;
         assert_eq!(len, size, "{path}");
         assert_eq!(hash, digest(&pattern(i as u64, 0, size as usize)), "{path}");
-        assert_eq!(reader.ok(&json!({"cmd": "stat", "path": path}))?["size"], size);
+        assert_eq!(
+            reader.ok(&json!({"cmd": "stat", "path": path}))?["size"],
+            size
+        );
     }
     Ok(())
 }
@@ -40,7 +51,9 @@ fn files_of_edge_sizes_round_trip_between_processes() -> Result<()> {
 fn random_overlapping_writes_and_truncates_match_a_model() -> Result<()> {
     let cluster = Cluster::start(&ClusterSpec::default())?;
     let mut w = cluster.worker()?;
-    let h = w.ok(&json!({"cmd": "open", "path": "/model", "create": true, "write": true}))?["handle"].clone();
+    let h = w.ok(&json!({"cmd": "open", "path": "/model", "create": true, "write": true}))?
+        ["handle"]
+        .clone();
     let mut rng = StdRng::seed_from_u64(0x7e55e7a);
     let mut model: Vec<u8> = Vec::new();
     for i in 0..400u64 {
@@ -113,7 +126,9 @@ fn four_processes_write_one_file() -> Result<()> {
 }
 
 fn used(w: &mut Worker) -> Result<u64> {
-    Ok(w.ok(&json!({"cmd": "usage"}))?["used"].as_u64().unwrap_or(0))
+    Ok(w.ok(&json!({"cmd": "usage"}))?["used"]
+        .as_u64()
+        .unwrap_or(0))
 }
 
 /// Waits until the bytes in use, as the servers report them in their heartbeats, satisfy `ok`
@@ -147,7 +162,10 @@ fn unlinked_file_lives_until_its_last_close() -> Result<()> {
     assert!(before >= 8 * MIB, "the data is still held: {before}");
     a.ok(&json!({"cmd": "close", "handle": h}))?;
     let after = wait_used(&mut b, |u| u < 8 * MIB)?;
-    assert!(after < 8 * MIB, "the last close freed the data: {before} -> {after}");
+    assert!(
+        after < 8 * MIB,
+        "the last close freed the data: {before} -> {after}"
+    );
     Ok(())
 }
 
@@ -162,20 +180,38 @@ fn rename_within_and_across_directories() -> Result<()> {
     w.ok(&json!({"cmd": "write_file", "path": "/d2/z", "len": 2 * MIB, "seed": 11}))?;
     w.ok(&json!({"cmd": "rename", "from": "/d1/x", "to": "/d2/y"}))?;
     other.fails(&json!({"cmd": "stat", "path": "/d1/x"}), ENOENT)?;
-    assert_eq!(read_hash(&mut other, "/d2/y")?.1, digest(&pattern(10, 0, (3 * MIB) as usize)));
+    assert_eq!(
+        read_hash(&mut other, "/d2/y")?.1,
+        digest(&pattern(10, 0, (3 * MIB) as usize))
+    );
     // Over an existing file: the target is replaced atomically (same directory).
     w.ok(&json!({"cmd": "rename", "from": "/d2/y", "to": "/d2/z"}))?;
-    assert_eq!(other.ok(&json!({"cmd": "readdir", "path": "/d2"}))?["names"], json!(["z"]));
-    assert_eq!(read_hash(&mut other, "/d2/z")?.1, digest(&pattern(10, 0, (3 * MIB) as usize)));
+    assert_eq!(
+        other.ok(&json!({"cmd": "readdir", "path": "/d2"}))?["names"],
+        json!(["z"])
+    );
+    assert_eq!(
+        read_hash(&mut other, "/d2/z")?.1,
+        digest(&pattern(10, 0, (3 * MIB) as usize))
+    );
     // A directory moves with its contents; it cannot move into itself.
     w.ok(&json!({"cmd": "rename", "from": "/d2", "to": "/d1/sub"}))?;
-    assert_eq!(other.ok(&json!({"cmd": "readdir", "path": "/d1"}))?["names"], json!(["sub"]));
+    assert_eq!(
+        other.ok(&json!({"cmd": "readdir", "path": "/d1"}))?["names"],
+        json!(["sub"])
+    );
     assert_eq!(read_hash(&mut other, "/d1/sub/z")?.0, 3 * MIB);
-    w.fails(&json!({"cmd": "rename", "from": "/d1", "to": "/d1/sub/inner"}), EINVAL)?;
+    w.fails(
+        &json!({"cmd": "rename", "from": "/d1", "to": "/d1/sub/inner"}),
+        EINVAL,
+    )?;
     w.fails(&json!({"cmd": "rmdir", "path": "/d1"}), ENOTEMPTY)?;
     // Hard links share data; the data outlives one name.
     w.ok(&json!({"cmd": "link", "from": "/d1/sub/z", "to": "/alias"}))?;
-    assert_eq!(other.ok(&json!({"cmd": "stat", "path": "/alias"}))?["nlink"], 2);
+    assert_eq!(
+        other.ok(&json!({"cmd": "stat", "path": "/alias"}))?["nlink"],
+        2
+    );
     w.ok(&json!({"cmd": "unlink", "path": "/d1/sub/z"}))?;
     assert_eq!(read_hash(&mut other, "/alias")?.0, 3 * MIB);
     Ok(())
@@ -183,22 +219,37 @@ fn rename_within_and_across_directories() -> Result<()> {
 
 #[test]
 fn full_cluster_says_enospc_and_keeps_existing_files() -> Result<()> {
-    let spec = ClusterSpec { memory: "24MiB".into(), ..ClusterSpec::default() };
+    let spec = ClusterSpec {
+        memory: "24MiB".into(),
+        ..ClusterSpec::default()
+    };
     let cluster = Cluster::start(&spec)?;
     let mut w = cluster.worker()?;
     w.ok(&json!({"cmd": "write_file", "path": "/keep", "len": 8 * MIB, "seed": 5}))?;
-    w.fails(&json!({"cmd": "write_file", "path": "/big", "len": 200 * MIB, "seed": 6}), ENOSPC)?;
-    assert_eq!(read_hash(&mut w, "/keep")?.1, digest(&pattern(5, 0, (8 * MIB) as usize)));
+    w.fails(
+        &json!({"cmd": "write_file", "path": "/big", "len": 200 * MIB, "seed": 6}),
+        ENOSPC,
+    )?;
+    assert_eq!(
+        read_hash(&mut w, "/keep")?.1,
+        digest(&pattern(5, 0, (8 * MIB) as usize))
+    );
     w.ok(&json!({"cmd": "unlink", "path": "/big"}))?;
     wait_used(&mut w, |u| u < 20 * MIB)?;
     w.ok(&json!({"cmd": "write_file", "path": "/again", "len": 8 * MIB, "seed": 7}))?;
-    assert_eq!(read_hash(&mut w, "/again")?.1, digest(&pattern(7, 0, (8 * MIB) as usize)));
+    assert_eq!(
+        read_hash(&mut w, "/again")?.1,
+        digest(&pattern(7, 0, (8 * MIB) as usize))
+    );
     Ok(())
 }
 
 #[test]
 fn wrong_secret_is_refused() -> Result<()> {
-    let cluster = Cluster::start(&ClusterSpec { servers: 1, ..ClusterSpec::default() })?;
+    let cluster = Cluster::start(&ClusterSpec {
+        servers: 1,
+        ..ClusterSpec::default()
+    })?;
     let mut w = Worker::spawn(cluster.manager, "not-the-secret")?;
     let v = w.call(&json!({"cmd": "stat", "path": "/"}))?;
     assert_eq!(v["ok"], false);
@@ -210,14 +261,23 @@ fn wrong_secret_is_refused() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_frames_close_only_their_connection() -> Result<()> {
     use std::sync::Arc;
-    use tessera_proto::{auth::client_handshake, frame, BufferPool, Request, Response, RpcClient, RpcConfig, Secret};
+    use tessera_proto::{
+        auth::client_handshake, frame, BufferPool, Request, Response, RpcClient, RpcConfig, Secret,
+    };
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
 
     let cluster = tokio::task::spawn_blocking(|| Cluster::start(&ClusterSpec::default())).await??;
-    let cfg = RpcConfig::new(Secret::new(&cluster.secret), Arc::new(BufferPool::new(1 << 20, 4)));
+    let cfg = RpcConfig::new(
+        Secret::new(&cluster.secret),
+        Arc::new(BufferPool::new(1 << 20, 4)),
+    );
     let manager = RpcClient::connect(cluster.manager, &cfg).await?;
-    let Response::Status(status) = manager.call(&Request::GetStatus, bytes::Bytes::new()).await?.0 else {
+    let Response::Status(status) = manager
+        .call(&Request::GetStatus, bytes::Bytes::new())
+        .await?
+        .0
+    else {
         anyhow::bail!("no status");
     };
     let server = status.nodes[0].addr;
@@ -249,7 +309,10 @@ async fn malformed_frames_close_only_their_connection() -> Result<()> {
     tokio::task::spawn_blocking(move || -> Result<()> {
         let mut w = cluster.worker()?;
         w.ok(&json!({"cmd": "write_file", "path": "/after", "len": 5 * MIB, "seed": 9}))?;
-        assert_eq!(read_hash(&mut w, "/after")?.1, digest(&pattern(9, 0, (5 * MIB) as usize)));
+        assert_eq!(
+            read_hash(&mut w, "/after")?.1,
+            digest(&pattern(9, 0, (5 * MIB) as usize))
+        );
         Ok(())
     })
     .await??;

@@ -19,10 +19,14 @@ fn arg<'a>(v: &'a Value, k: &str) -> Result<&'a Value> {
     v.get(k).ok_or_else(|| anyhow!("missing field {k}"))
 }
 fn num(v: &Value, k: &str) -> Result<u64> {
-    arg(v, k)?.as_u64().ok_or_else(|| anyhow!("{k} must be a number"))
+    arg(v, k)?
+        .as_u64()
+        .ok_or_else(|| anyhow!("{k} must be a number"))
 }
 fn text<'a>(v: &'a Value, k: &str) -> Result<&'a str> {
-    arg(v, k)?.as_str().ok_or_else(|| anyhow!("{k} must be a string"))
+    arg(v, k)?
+        .as_str()
+        .ok_or_else(|| anyhow!("{k} must be a string"))
 }
 fn flag(v: &Value, k: &str) -> bool {
     v.get(k).and_then(Value::as_bool).unwrap_or(false)
@@ -33,8 +37,11 @@ impl Session {
         if let Some(c) = &self.client {
             return Ok(c.clone());
         }
-        let manager = std::env::var("TESSERA_MANAGER").map_err(|_| Error::Invalid("TESSERA_MANAGER is not set".into()))?;
-        let manager = manager.parse().map_err(|e| Error::Invalid(format!("TESSERA_MANAGER: {e}")))?;
+        let manager = std::env::var("TESSERA_MANAGER")
+            .map_err(|_| Error::Invalid("TESSERA_MANAGER is not set".into()))?;
+        let manager = manager
+            .parse()
+            .map_err(|e| Error::Invalid(format!("TESSERA_MANAGER: {e}")))?;
         let secret = std::env::var("TESSERA_SECRET").unwrap_or_default();
         let c = Client::connect(ClientOptions::new(manager, &secret)).await?;
         self.client = Some(c.clone());
@@ -43,7 +50,9 @@ impl Session {
 
     fn file(&mut self, v: &Value) -> Result<&mut File> {
         let h = num(v, "handle")?;
-        self.files.get_mut(&h).ok_or_else(|| anyhow!("no handle {h}"))
+        self.files
+            .get_mut(&h)
+            .ok_or_else(|| anyhow!("no handle {h}"))
     }
 
     async fn run(&mut self, v: &Value) -> Result<Result<Value, Error>> {
@@ -73,26 +82,46 @@ impl Session {
                 }
             }
             "write" => {
-                let (off, len, seed) = (num(v, "offset")?, num(v, "len")? as usize, num(v, "seed")?);
+                let (off, len, seed) =
+                    (num(v, "offset")?, num(v, "len")? as usize, num(v, "seed")?);
                 let data = pattern(seed, off, len);
-                self.file(v)?.write_at(off, &data).await.map(|n| json!({"written": n}))
+                self.file(v)?
+                    .write_at(off, &data)
+                    .await
+                    .map(|n| json!({"written": n}))
             }
             "read" => {
                 let (off, len) = (num(v, "offset")?, num(v, "len")? as usize);
-                self.file(v)?.read_at(off, len).await.map(|b| json!({"len": b.len(), "hash": digest(&b)}))
+                self.file(v)?
+                    .read_at(off, len)
+                    .await
+                    .map(|b| json!({"len": b.len(), "hash": digest(&b)}))
             }
-            "truncate" => self.file(v)?.set_len(num(v, "size")?).await.map(|()| json!({})),
+            "truncate" => self
+                .file(v)?
+                .set_len(num(v, "size")?)
+                .await
+                .map(|()| json!({})),
             "fsync" => self.file(v)?.flush().await.map(|()| json!({})),
             "close" => {
                 let h = num(v, "handle")?;
-                let f = self.files.remove(&h).ok_or_else(|| anyhow!("no handle {h}"))?;
+                let f = self
+                    .files
+                    .remove(&h)
+                    .ok_or_else(|| anyhow!("no handle {h}"))?;
                 f.close().await.map(|()| json!({}))
             }
             // Writes a whole file of pattern `seed` in `chunk`-sized writes.
             "write_file" => {
                 let (len, seed) = (num(v, "len")?, num(v, "seed")?);
-                let chunk = v.get("chunk").and_then(Value::as_u64).unwrap_or(1 << 20).max(1);
-                write_file(&c, text(v, "path")?, len, seed, chunk).await.map(|()| json!({}))
+                let chunk = v
+                    .get("chunk")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(1 << 20)
+                    .max(1);
+                write_file(&c, text(v, "path")?, len, seed, chunk)
+                    .await
+                    .map(|()| json!({}))
             }
             // Reads a whole file; returns its length and hash.
             "read_file" => match c.open(text(v, "path")?, &OpenOptions::read()).await {
@@ -115,14 +144,26 @@ impl Session {
             "mkdir" => c.create_dir(text(v, "path")?).await.map(|_| json!({})),
             "rmdir" => c.remove_dir(text(v, "path")?).await.map(|()| json!({})),
             "unlink" => c.remove_file(text(v, "path")?).await.map(|()| json!({})),
-            "rename" => c.rename_path(text(v, "from")?, text(v, "to")?).await.map(|()| json!({})),
-            "link" => c.hard_link(text(v, "from")?, text(v, "to")?).await.map(|_| json!({})),
-            "symlink" => c.symlink_path(text(v, "target")?, text(v, "path")?).await.map(|_| json!({})),
+            "rename" => c
+                .rename_path(text(v, "from")?, text(v, "to")?)
+                .await
+                .map(|()| json!({})),
+            "link" => c
+                .hard_link(text(v, "from")?, text(v, "to")?)
+                .await
+                .map(|_| json!({})),
+            "symlink" => c
+                .symlink_path(text(v, "target")?, text(v, "path")?)
+                .await
+                .map(|_| json!({})),
             "readdir" => c
                 .read_dir(text(v, "path")?)
                 .await
                 .map(|es| json!({"names": es.into_iter().map(|(n, _)| n).collect::<Vec<_>>()})),
-            "usage" => c.usage().await.map(|u| json!({"used": u.used, "capacity": u.capacity, "inodes": u.inodes})),
+            "usage" => c
+                .usage()
+                .await
+                .map(|u| json!({"used": u.used, "capacity": u.capacity, "inodes": u.inodes})),
             other => return Err(anyhow!("unknown command {other}")),
         })
     }
@@ -134,7 +175,10 @@ async fn write_file(c: &Client, path: &str, len: u64, seed: u64, chunk: u64) -> 
     let mut result = Ok(());
     while off < len && result.is_ok() {
         let n = chunk.min(len - off);
-        result = f.write_at(off, &pattern(seed, off, n as usize)).await.map(|_| ());
+        result = f
+            .write_at(off, &pattern(seed, off, n as usize))
+            .await
+            .map(|_| ());
         off += n;
     }
     let closed = f.close().await;
@@ -143,7 +187,11 @@ async fn write_file(c: &Client, path: &str, len: u64, seed: u64, chunk: u64) -> 
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let mut s = Session { client: None, files: HashMap::new(), next: 0 };
+    let mut s = Session {
+        client: None,
+        files: HashMap::new(),
+        next: 0,
+    };
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     for line in stdin.lock().lines() {
