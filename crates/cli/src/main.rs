@@ -99,6 +99,12 @@ struct ServerArgs {
 
 pub const DEFAULT_MANAGER: &str = "127.0.0.1:7070";
 
+// Stripe buffers are large and fresh memory is expensive to touch (3-8x a warm write on these
+// machines): mimalloc backs its arenas with transparent huge pages (set in `main`), one page
+// fault per 2 MiB instead of one per 4 KiB. Measured: first-touch 4 GiB write 0.93 -> 1.64 GB/s.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn cluster_config(args: &ManagerArgs, cfg: &config::FileConfig) -> Result<ClusterConfig> {
     let stripe = args
         .stripe_size
@@ -225,6 +231,9 @@ async fn run(cli: Cli) -> Result<()> {
 }
 
 fn main() -> std::process::ExitCode {
+    // SAFETY: sets a process-wide allocator option before any thread exists. Large pages are
+    // only a hint: without transparent huge pages mimalloc falls back to normal pages.
+    unsafe { libmimalloc_sys::mi_option_set(libmimalloc_sys::mi_option_large_os_pages, 1) };
     let cli = Cli::parse();
     let level = match cli.verbose {
         0 => "warn,tessera_server=info,tessera_manager=info",
