@@ -251,3 +251,83 @@ pub async fn start(opts: ManagerOptions) -> Result<RunningManager, ManagerError>
         tasks,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let auth = token
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn serves_the_table_status_and_metrics_to_members_only() {
+        let opts = ManagerOptions {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            http: Some("127.0.0.1:0".parse().unwrap()),
+            secret: Secret::new("s3cret"),
+            http_token: "s3cret".into(),
+            expect_servers: 1,
+            config: ClusterConfig {
+                partitions: 8,
+                stripe_size: 1 << 20,
+                replication: 1,
+            },
+            heartbeat_timeout: Duration::from_secs(5),
+            root_mode: 0o755,
+        };
+        let m = start(opts.clone()).await.unwrap();
+        let rpc = RpcConfig::new(Secret::new("s3cret"), Arc::new(BufferPool::new(1 << 16, 2)));
+        let c = RpcClient::connect(m.rpc_addr(), &rpc).await.unwrap();
+        let (resp, _) = c.call(&Request::GetTable, Bytes::new()).await.unwrap();
+        assert!(
+            matches!(resp, Response::Error(ErrorCode::NotReady(_))),
+            "{resp:?}"
+        );
+        let reg = Request::Register {
+            addr: "127.0.0.9:1".parse().unwrap(),
+            capacity: 1 << 30,
+            label: None,
+        };
+        assert!(matches!(
+            c.call(&reg, Bytes::new()).await.unwrap().0,
+            Response::Registered { node: 1, .. }
+        ));
+        let Response::Table(t) = c.call(&Request::GetTable, Bytes::new()).await.unwrap().0 else {
+            panic!("no table")
+        };
+        assert_eq!((t.table.epoch(), t.table.load()[&1]), (1, 8));
+
+        let http = m.http_addr().unwrap();
+        assert!(get(http, "/health", None).await.contains("200 OK"));
+        assert!(get(http, "/status", None).await.contains("401"));
+        assert!(get(http, "/status", Some("wrong")).await.contains("401"));
+        let status = get(http, "/status", Some("s3cret")).await;
+        assert!(
+            status.contains("200 OK") && status.contains("\"expected_servers\":1"),
+            "{status}"
+        );
+        let metrics = get(http, "/metrics", Some("s3cret")).await;
+        for name in [
+            "tessera_epoch 1",
+            "tessera_node_memory_capacity_bytes{node=\"1\"} 1073741824",
+            "tessera_node_ops_total",
+        ] {
+            assert!(metrics.contains(name), "{name} missing in {metrics}");
+        }
+        let bad = RpcConfig::new(Secret::new("guess"), Arc::new(BufferPool::new(1 << 16, 2)));
+        assert!(RpcClient::connect(m.rpc_addr(), &bad).await.is_err());
+        let mut wrong = opts;
+        wrong.config.replication = 2;
+        assert!(matches!(start(wrong).await, Err(ManagerError::Config(_))));
+    }
+}

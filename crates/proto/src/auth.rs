@@ -150,7 +150,7 @@ pub async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
         // blake3::Hash compares in constant time.
         if blake3::Hash::from(proof) != secret.mac(b"client", &ours, &theirs) {
             s.write_all(&[0]).await?;
-            return Err(AuthError::Refused);
+            return Err(AuthError::BadPeerProof);
         }
         let mut verdict = [0u8; 33];
         verdict[0] = 1;
@@ -181,7 +181,7 @@ mod tests {
     async fn wrong_secret_is_refused_on_both_sides() {
         let (c, s) = pair("guess", "s3cret").await;
         assert!(matches!(c, Err(AuthError::Refused)), "{c:?}");
-        assert!(matches!(s, Err(AuthError::Refused)), "{s:?}");
+        assert!(matches!(s, Err(AuthError::BadPeerProof)), "{s:?}");
     }
 
     #[tokio::test]

@@ -226,3 +226,121 @@ impl Handler for NodeHandler {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_placement::{assign, NodeWeight, PartitionTable};
+    use tessera_proto::NodeAddr;
+
+    const P: u32 = 16;
+
+    fn handler(node: NodeId) -> (NodeHandler, TableInfo) {
+        let config = ClusterConfig {
+            partitions: P,
+            stripe_size: 1 << 20,
+            replication: 1,
+        };
+        let nodes = [
+            NodeWeight {
+                node: 1,
+                capacity: 1,
+            },
+            NodeWeight {
+                node: 2,
+                capacity: 1,
+            },
+        ];
+        let table = PartitionTable::new(3, assign(None, &nodes, P, 1).unwrap()).unwrap();
+        let addrs = vec![
+            NodeAddr {
+                id: 1,
+                addr: "127.0.0.2:1".parse().unwrap(),
+            },
+            NodeAddr {
+                id: 2,
+                addr: "127.0.0.3:1".parse().unwrap(),
+            },
+        ];
+        let info = TableInfo {
+            config,
+            table,
+            nodes: addrs,
+        };
+        (
+            NodeHandler::new(node, config, 1 << 30, Arc::new(BufferPool::new(1 << 20, 4))),
+            info,
+        )
+    }
+
+    fn write(file: u64, stripe: u64, epoch: Epoch) -> Request {
+        Request::Op {
+            epoch,
+            op: Op::WriteStripe {
+                file,
+                stripe,
+                offset: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn epochs_and_ownership_are_checked() {
+        let (h, info) = handler(1);
+        let data = Bytes::from_static(b"x");
+        assert!(matches!(
+            h.handle(write(1, 0, 3), data.clone()).0,
+            Response::Error(ErrorCode::NotReady(_))
+        ));
+        h.install(info.clone());
+        // Find one stripe this node holds and one it does not.
+        let mine = (0..)
+            .find(|&s| info.table.holds(1, stripe_partition(1, s, P)))
+            .unwrap();
+        let theirs = (0..)
+            .find(|&s| !info.table.holds(1, stripe_partition(1, s, P)))
+            .unwrap();
+        assert_eq!(h.handle(write(1, mine, 3), data.clone()).0, Response::Ok);
+        assert_eq!(
+            h.handle(write(1, theirs, 3), data.clone()).0,
+            Response::Error(ErrorCode::StaleEpoch { current: 3 })
+        );
+        assert_eq!(
+            h.handle(write(1, mine, 2), data.clone()).0,
+            Response::Error(ErrorCode::StaleEpoch { current: 3 })
+        );
+        assert_eq!(
+            h.handle(write(1, mine, 4), data).0,
+            Response::Error(ErrorCode::StaleEpoch { current: 3 })
+        );
+        // An older table never replaces a newer one.
+        let mut old = info;
+        old.table = PartitionTable::new(2, old.table.all().to_vec()).unwrap();
+        h.install(old);
+        assert_eq!(h.epoch(), Some(3));
+        assert!(matches!(
+            h.handle(Request::GetTable, Bytes::new()).0,
+            Response::Error(ErrorCode::Invalid(_))
+        ));
+        let stats = h
+            .handle(
+                Request::Op {
+                    epoch: 3,
+                    op: Op::NodeStats,
+                },
+                Bytes::new(),
+            )
+            .0;
+        assert!(
+            matches!(
+                stats,
+                Response::Stats(NodeStats {
+                    writes: 1,
+                    bytes_written: 1,
+                    ..
+                })
+            ),
+            "{stats:?}"
+        );
+    }
+}

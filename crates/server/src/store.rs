@@ -547,3 +547,323 @@ impl Store {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::sync::Arc;
+
+    const SS: u32 = 4096;
+
+    fn store(capacity: u64) -> Store {
+        Store::new(4, SS, capacity, Arc::new(BufferPool::new(SS as usize, 8)))
+    }
+
+    fn inode(ino: Ino, kind: FileKind) -> Inode {
+        Inode {
+            ino,
+            kind,
+            mode: 0o755,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            nlink: if kind == FileKind::Dir { 2 } else { 1 },
+            atime: Timespec::default(),
+            mtime: Timespec::default(),
+            ctime: Timespec::default(),
+            parent: 0,
+            target: Vec::new(),
+            open_count: 0,
+        }
+    }
+
+    fn t(secs: i64) -> Timespec {
+        Timespec { secs, nanos: 0 }
+    }
+
+    #[derive(Debug, Clone)]
+    enum StripeOp {
+        Write {
+            stripe: u64,
+            offset: u32,
+            data: Vec<u8>,
+        },
+        Truncate(u64),
+        Read {
+            stripe: u64,
+            offset: u32,
+            len: u32,
+        },
+    }
+
+    fn stripe_op() -> impl Strategy<Value = StripeOp> {
+        prop_oneof![
+            4 => (0u64..4, 0u32..SS).prop_flat_map(|(stripe, offset)| {
+                prop::collection::vec(any::<u8>(), 0..=(SS - offset) as usize)
+                    .prop_map(move |data| StripeOp::Write { stripe, offset, data })
+            }),
+            1 => (0u64..(4 * u64::from(SS))).prop_map(StripeOp::Truncate),
+            3 => (0u64..4, 0u32..SS, 0u32..SS).prop_map(|(stripe, offset, len)| StripeOp::Read { stripe, offset, len }),
+        ]
+    }
+
+    proptest! {
+        /// Stripe writes, truncates and reads agree with a plain byte-vector model, and the
+        /// bytes accounted as used are exactly the bytes stored.
+        #[test]
+        fn stripes_match_a_model(ops in prop::collection::vec(stripe_op(), 1..60)) {
+            let s = store(1 << 30);
+            let mut model: Vec<Vec<u8>> = vec![Vec::new(); 4];
+            for op in ops {
+                match op {
+                    StripeOp::Write { stripe, offset, data } => {
+                        let m = &mut model[stripe as usize];
+                        let end = offset as usize + data.len();
+                        if m.len() < end { m.resize(end, 0); }
+                        m[offset as usize..end].copy_from_slice(&data);
+                        s.write(0, 9, stripe, offset, Bytes::from(data)).unwrap();
+                    }
+                    StripeOp::Truncate(size) => {
+                        s.truncate(std::iter::once(0), 9, size).unwrap();
+                        for (i, m) in model.iter_mut().enumerate() {
+                            let start = i as u64 * u64::from(SS);
+                            m.truncate(size.saturating_sub(start).min(u64::from(SS)) as usize);
+                        }
+                    }
+                    StripeOp::Read { stripe, offset, len } => {
+                        let got = s.read(0, 9, stripe, offset, len).unwrap();
+                        let m = &model[stripe as usize];
+                        let start = (offset as usize).min(m.len());
+                        prop_assert_eq!(&got[..], &m[start..m.len().min(start + len as usize)]);
+                    }
+                }
+                let stored: usize = model.iter().map(Vec::len).sum();
+                prop_assert_eq!(s.used(), stored as u64);
+            }
+        }
+    }
+
+    #[test]
+    fn full_stripe_writes_keep_the_received_buffer() {
+        let s = store(1 << 20);
+        let data = Bytes::from(vec![7u8; SS as usize]);
+        let ptr = data.as_ptr();
+        s.write(1, 5, 0, 0, data).unwrap();
+        assert_eq!(
+            s.read(1, 5, 0, 0, SS).unwrap().as_ptr(),
+            ptr,
+            "stored without a copy"
+        );
+        assert_eq!(s.stripe_count(), 1);
+        s.drop_file(0..4, 5).unwrap();
+        assert_eq!((s.stripe_count(), s.used()), (0, 0));
+    }
+
+    #[test]
+    fn a_reader_keeps_its_bytes_while_the_stripe_is_overwritten() {
+        let s = store(1 << 20);
+        s.write(0, 1, 0, 0, Bytes::from_static(b"aaaa")).unwrap();
+        let held = s.read(0, 1, 0, 0, 4).unwrap();
+        s.write(0, 1, 0, 1, Bytes::from_static(b"bb")).unwrap();
+        assert_eq!(&held[..], b"aaaa", "copy on write");
+        assert_eq!(&s.read(0, 1, 0, 0, 4).unwrap()[..], b"abba");
+    }
+
+    #[test]
+    fn enospc_changes_nothing() {
+        let s = store(6000);
+        s.write(0, 1, 0, 0, Bytes::from(vec![1u8; 4000])).unwrap();
+        let before = s.used();
+        assert_eq!(
+            s.write(0, 1, 1, 0, Bytes::from(vec![2u8; 4000])),
+            Err(ErrorCode::NoSpace)
+        );
+        assert_eq!(
+            s.write(0, 1, 0, 3000, Bytes::from(vec![3u8; 1096]))
+                .map(drop),
+            Ok(()),
+            "fits"
+        );
+        assert_eq!(
+            s.write(0, 2, 0, 0, Bytes::from(vec![3u8; 2000])),
+            Err(ErrorCode::NoSpace)
+        );
+        assert_eq!(s.used(), before + 96);
+        assert_eq!(&s.read(0, 1, 0, 0, 3000).unwrap()[..], &[1u8; 3000][..]);
+        assert_eq!(s.read(0, 1, 1, 0, 10).unwrap().len(), 0);
+        assert!(
+            matches!(
+                s.write(0, 1, 0, SS - 1, Bytes::from_static(b"xx")),
+                Err(ErrorCode::Invalid(_))
+            ),
+            "past the stripe end"
+        );
+        let tiny = store(10);
+        assert_eq!(
+            tiny.inode_create(0, inode(3, FileKind::File)),
+            Err(ErrorCode::NoSpace)
+        );
+        assert_eq!((tiny.inode_count(), tiny.used()), (0, 0));
+    }
+
+    #[test]
+    fn links_and_open_handles_decide_when_an_inode_goes() {
+        let s = store(1 << 20);
+        s.inode_create(0, inode(7, FileKind::File)).unwrap();
+        assert_eq!(
+            s.inode_create(0, inode(7, FileKind::File)),
+            Err(ErrorCode::Exists)
+        );
+        assert_eq!(s.inode_open(0, 7).unwrap().open_count, 1);
+        assert_eq!(s.inode_link(0, 7, 1, t(1)), Ok((2, false)));
+        assert_eq!(s.inode_link(0, 7, -1, t(2)), Ok((1, false)));
+        assert_eq!(s.inode_link(0, 7, -1, t(3)), Ok((0, false)), "still open");
+        assert!(s.inode_get(0, 7).is_ok());
+        assert_eq!(s.inode_close(0, 7), Ok((0, true)), "last close reaps it");
+        assert_eq!(s.inode_get(0, 7), Err(ErrorCode::NotFound));
+        assert_eq!((s.inode_count(), s.used()), (0, 0));
+        s.inode_create(0, inode(8, FileKind::File)).unwrap();
+        assert_eq!(s.inode_extend(0, 8, 100, t(5)).unwrap().size, 100);
+        assert_eq!(
+            s.inode_extend(0, 8, 50, t(6)).unwrap().size,
+            100,
+            "extend never shrinks"
+        );
+        let a = SetAttr {
+            size: Some(10),
+            mode: Some(0o600),
+            parent: Some(4),
+            ctime: t(7),
+            ..SetAttr::default()
+        };
+        let i = s.inode_setattr(0, 8, &a).unwrap();
+        assert_eq!((i.size, i.mode, i.parent, i.ctime), (10, 0o600, 4, t(7)));
+    }
+
+    #[test]
+    fn directory_rules() {
+        let s = store(1 << 20);
+        let (d, f, sub) = (10, 11, 12);
+        s.inode_create(0, inode(d, FileKind::Dir)).unwrap();
+        let file = DirEntry {
+            ino: f,
+            kind: FileKind::File,
+        };
+        let dir = DirEntry {
+            ino: sub,
+            kind: FileKind::Dir,
+        };
+        assert_eq!(
+            s.dir_insert(0, 99, b"x".to_vec(), file, false, t(1)),
+            Err(ErrorCode::NotFound)
+        );
+        s.inode_create(0, inode(13, FileKind::File)).unwrap();
+        assert_eq!(
+            s.dir_insert(0, 13, b"x".to_vec(), file, false, t(1)),
+            Err(ErrorCode::NotDir)
+        );
+        assert_eq!(
+            s.dir_insert(0, d, b"f".to_vec(), file, false, t(1)),
+            Ok(None)
+        );
+        assert_eq!(
+            s.dir_insert(0, d, b"f".to_vec(), file, false, t(1)),
+            Err(ErrorCode::Exists)
+        );
+        assert_eq!(
+            s.dir_insert(0, d, b"f".to_vec(), dir, true, t(1)),
+            Err(ErrorCode::NotDir)
+        );
+        assert_eq!(
+            s.dir_insert(0, d, b"s".to_vec(), dir, false, t(2)),
+            Ok(None)
+        );
+        assert_eq!(
+            s.dir_insert(0, d, b"s".to_vec(), file, true, t(2)),
+            Err(ErrorCode::IsDir)
+        );
+        let di = s.inode_get(0, d).unwrap();
+        assert_eq!((di.nlink, di.mtime), (3, t(2)), "2 + one subdirectory");
+        assert!(matches!(
+            s.dir_insert(0, d, b"a/b".to_vec(), file, false, t(2)),
+            Err(ErrorCode::Invalid(_))
+        ));
+        assert_eq!(s.dir_lookup(0, d, b"f"), Ok(file));
+        assert_eq!(
+            s.dir_remove(0, d, b"s".to_vec(), None, Some(false), t(3)),
+            Err(ErrorCode::IsDir)
+        );
+        assert_eq!(
+            s.dir_remove(0, d, b"f".to_vec(), None, Some(true), t(3)),
+            Err(ErrorCode::NotDir)
+        );
+        assert_eq!(
+            s.dir_remove(0, d, b"f".to_vec(), Some(999), None, t(3)),
+            Err(ErrorCode::NotFound)
+        );
+        assert_eq!(s.dir_destroy(0, d), Err(ErrorCode::NotEmpty));
+        assert_eq!(
+            s.dir_rename(0, d, b"f".to_vec(), b"g".to_vec(), false, t(4)),
+            Ok(None)
+        );
+        assert_eq!(
+            s.dir_rename(0, d, b"g".to_vec(), b"s".to_vec(), true, t(4)),
+            Err(ErrorCode::IsDir),
+            "file over dir"
+        );
+        assert_eq!(
+            s.dir_rename(0, d, b"g".to_vec(), b"s".to_vec(), false, t(4)),
+            Err(ErrorCode::Exists)
+        );
+        assert_eq!(
+            s.dir_remove(0, d, b"s".to_vec(), Some(sub), Some(true), t(5)),
+            Ok(dir)
+        );
+        assert_eq!(s.inode_get(0, d).unwrap().nlink, 2);
+        assert_eq!(
+            s.dir_remove(0, d, b"g".to_vec(), None, Some(false), t(5)),
+            Ok(file)
+        );
+        assert_eq!(s.dir_destroy(0, d), Ok(()));
+        assert_eq!(s.dir_lookup(0, d, b"g"), Err(ErrorCode::NotFound));
+        assert_eq!(
+            s.dir_insert(0, d, b"late".to_vec(), file, false, t(6)),
+            Err(ErrorCode::NotFound),
+            "no inserts into a removed dir"
+        );
+        assert_eq!(s.used(), 256, "only inode 13 is left");
+    }
+
+    #[test]
+    fn listings_page_in_name_order_and_stay_in_their_directory() {
+        let s = store(1 << 24);
+        for d in [20, 21] {
+            s.inode_create(0, inode(d, FileKind::Dir)).unwrap();
+        }
+        for i in 0..25u64 {
+            let e = DirEntry {
+                ino: 100 + i,
+                kind: FileKind::File,
+            };
+            s.dir_insert(0, 20, format!("n{i:02}").into_bytes(), e, false, t(1))
+                .unwrap();
+            s.dir_insert(0, 21, format!("m{i:02}").into_bytes(), e, false, t(1))
+                .unwrap();
+        }
+        let mut names = Vec::new();
+        let mut after = None;
+        loop {
+            let (page, more) = s.dir_list(0, 20, after.clone(), 10).unwrap();
+            assert!(page.len() <= 10);
+            after = page.last().map(|(n, _)| n.clone());
+            names.extend(page.into_iter().map(|(n, _)| String::from_utf8(n).unwrap()));
+            if !more {
+                break;
+            }
+        }
+        let want: Vec<_> = (0..25).map(|i| format!("n{i:02}")).collect();
+        assert_eq!(names, want);
+        assert_eq!(s.dir_list(0, 99, None, 10), Err(ErrorCode::NotFound));
+    }
+}

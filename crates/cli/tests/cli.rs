@@ -1,0 +1,175 @@
+//! The `tessera` command as a user runs it: `up` in the background, then the file commands.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const TESSERA: &str = env!("CARGO_BIN_EXE_tessera");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn tessera(home: &Path, args: &[&str]) -> Output {
+    Command::new(TESSERA)
+        .args(args)
+        .env("TESSERA_HOME", home)
+        .env_remove("TESSERA_SECRET")
+        .env_remove("TESSERA_MANAGER")
+        .output()
+        .unwrap()
+}
+
+fn ok(home: &Path, args: &[&str]) -> String {
+    let out = tessera(home, args);
+    assert!(
+        out.status.success(),
+        "tessera {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn fails(home: &Path, args: &[&str], says: &str) {
+    let out = tessera(home, args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "tessera {args:?} should fail");
+    assert!(
+        err.contains(says),
+        "tessera {args:?}: expected {says:?} in {err}"
+    );
+}
+
+/// `tessera up` in the background; stopped with SIGINT (Ctrl-C) when dropped.
+struct Up(Child);
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn up_then_stage_data_in_and_out() {
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    let (m, h) = (free_port(), free_port());
+    let child = Command::new(TESSERA)
+        .args([
+            "up",
+            "--servers",
+            "3",
+            "--memory",
+            "256MiB",
+            "--manager",
+            &format!("127.0.0.1:{m}"),
+            "--http",
+            &format!("127.0.0.1:{h}"),
+        ])
+        .env("TESSERA_HOME", home)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(home.join("up.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut up = Up(child);
+    let cluster_file = home.join("cluster.toml");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cluster_file.exists() {
+        let log = || std::fs::read_to_string(home.join("up.log")).unwrap_or_default();
+        if let Some(status) = up.0.try_wait().unwrap() {
+            panic!("tessera up exited ({status}):\n{}", log());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tessera up did not become ready:\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = ok(home, &["status"]);
+    assert!(
+        status.contains("3 of 3 servers joined") && status.matches(" up ").count() == 3,
+        "{status}"
+    );
+
+    // A local tree with small and multi-stripe files.
+    let src = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(src.path().join("d/e")).unwrap();
+    std::fs::write(src.path().join("small.txt"), b"hello tessera\n").unwrap();
+    let big: Vec<u8> = (0..3_500_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(src.path().join("d/e/big.bin"), &big).unwrap();
+    let src_arg = src.path().to_str().unwrap();
+    ok(home, &["mkdir", "-p", "/in/deep"]);
+    ok(home, &["cp", "-r", src_arg, "tessera:/in/tree"]);
+    let ls = ok(home, &["ls", "-l", "tessera:/in/tree/d/e"]);
+    assert!(ls.contains("3500000") && ls.contains("big.bin"), "{ls}");
+    assert_eq!(
+        ok(home, &["cat", "tessera:/in/tree/small.txt"]),
+        "hello tessera\n"
+    );
+    assert!(ok(home, &["stat", "/in/tree/small.txt"]).contains("size: 14"));
+    let dst = tempfile::tempdir().unwrap();
+    let back = dst.path().join("back");
+    ok(
+        home,
+        &["cp", "-r", "tessera:/in/tree", back.to_str().unwrap()],
+    );
+    assert_eq!(std::fs::read(back.join("d/e/big.bin")).unwrap(), big);
+    assert_eq!(
+        std::fs::read(back.join("small.txt")).unwrap(),
+        b"hello tessera\n"
+    );
+
+    // Errors are clear and change nothing.
+    fails(home, &["cat", "tessera:/nope"], "no such file");
+    fails(home, &["rm", "/in"], "is a directory");
+    fails(home, &["cp", src_arg, "tessera:/x"], "use -r");
+    fails(home, &["--secret", "wrong", "status"], "secret");
+    fails(
+        home,
+        &[
+            "server",
+            "--memory",
+            "lots",
+            "--manager",
+            "127.0.0.1:1",
+            "--secret",
+            "s",
+        ],
+        "bad size",
+    );
+    ok(home, &["rm", "-r", "/in"]);
+    assert_eq!(ok(home, &["ls", "/"]), "");
+
+    drop(up);
+    assert!(
+        !cluster_file.exists(),
+        "the cluster file is removed when up stops"
+    );
+}
+
+#[test]
+fn configuration_mistakes_are_reported() {
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    fails(home, &["status"], "no manager address");
+    let cfg = home.join("bad.toml");
+    std::fs::write(&cfg, "managr = \"127.0.0.1:7070\"\n").unwrap();
+    fails(
+        home,
+        &["--config", cfg.to_str().unwrap(), "status"],
+        "unknown field",
+    );
+    fails(
+        home,
+        &["--manager", "not-an-address", "--secret", "s", "status"],
+        "bad manager address",
+    );
+}
