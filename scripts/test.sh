@@ -9,4 +9,4 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Integration tests look for the binaries next to themselves.
 cargo build --workspace --bins --locked
-cargo test --workspace --locked
+cargo test --workspace --locked --no-fail-fast
