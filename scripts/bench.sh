@@ -12,6 +12,7 @@ fi
 cargo build --release -q -p tessera-cli
 export TESSERA_HOME=$(mktemp -d)
 out=${OUT:-$TESSERA_HOME}
+mkdir -p "$out"
 bin=target/release/tessera
 
 iperf3 -s -1 -B 127.0.0.1 -p 15201 >/dev/null 2>&1 &

@@ -231,7 +231,9 @@ impl File {
         if self.closed {
             return Err(Error::BadHandle("anything: it is closed"));
         }
-        self.drain().await?;
+        let drained = self.drain().await;
+        // Publish the extent even after a failed write: some of its stripes may be stored, and
+        // the servers take a file of size 0 to have none (its data would never be dropped).
         if let Some(size) = self.extent.take() {
             let mtime = self.mtime.take().unwrap_or_else(Timespec::now);
             match self
@@ -244,13 +246,14 @@ impl File {
                         mtime,
                     },
                 )
-                .await?
+                .await
             {
-                Response::Inode(i) => self.size = i.size,
-                other => return Err(unexpected(&other)),
+                Ok(Response::Inode(i)) => self.size = i.size,
+                Ok(other) => return drained.and(Err(unexpected(&other))),
+                Err(e) => return drained.and(Err(e)),
             }
         }
-        Ok(())
+        drained
     }
 
     /// Reads up to `len` bytes at `offset`; shorter only at the end of the file.

@@ -11,11 +11,19 @@ use tessera_proto::{
 };
 use tokio::sync::Notify;
 
+/// A partition table and the partitions this node holds in it (node-wide operations visit
+/// only those).
+struct Installed {
+    info: TableInfo,
+    held: Vec<PartitionId>,
+}
+
 pub struct NodeHandler {
     node: NodeId,
     config: ClusterConfig,
     store: Store,
-    table: RwLock<Option<Arc<TableInfo>>>,
+    /// The table and the partitions this node holds in it.
+    table: RwLock<Option<Arc<Installed>>>,
     /// Wakes the heartbeat task to fetch the table now.
     refresh: Notify,
     load: AtomicU32,
@@ -45,7 +53,7 @@ impl NodeHandler {
         self.node
     }
 
-    fn table(&self) -> Option<Arc<TableInfo>> {
+    fn table(&self) -> Option<Arc<Installed>> {
         self.table
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -54,17 +62,20 @@ impl NodeHandler {
 
     #[must_use]
     pub fn epoch(&self) -> Option<Epoch> {
-        self.table().map(|t| t.table.epoch())
+        self.table().map(|t| t.info.table.epoch())
     }
 
     /// Installs a table (ignoring one older than ours).
     pub fn install(&self, info: TableInfo) {
         let mut t = self.table.write().unwrap_or_else(PoisonError::into_inner);
         if t.as_ref()
-            .is_none_or(|cur| cur.table.epoch() < info.table.epoch())
+            .is_none_or(|cur| cur.info.table.epoch() < info.table.epoch())
         {
             tracing::info!(epoch = info.table.epoch(), "installed partition table");
-            *t = Some(Arc::new(info));
+            let held = (0..info.table.partitions())
+                .filter(|&p| info.table.holds(self.node, p))
+                .collect();
+            *t = Some(Arc::new(Installed { info, held }));
         }
     }
 
@@ -114,12 +125,13 @@ impl NodeHandler {
     }
 
     fn serve_op(&self, epoch: Epoch, op: Op, payload: Bytes) -> Reply {
-        let Some(table) = self.table() else {
+        let Some(installed) = self.table() else {
             self.refresh.notify_one();
             return err(ErrorCode::NotReady(
                 "this server has no partition table yet".into(),
             ));
         };
+        let (table, held) = (&installed.info, &installed.held);
         let current = table.table.epoch();
         if epoch != current {
             if epoch > current {
@@ -134,7 +146,7 @@ impl NodeHandler {
             }
         }
         let p = part.unwrap_or(0);
-        let held = || (0..table.table.partitions()).filter(|&q| table.table.holds(self.node, q));
+        let held = || held.iter().copied();
         let s = &self.store;
         let result: Result<Reply, ErrorCode> = match op {
             Op::WriteStripe {

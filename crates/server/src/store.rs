@@ -309,14 +309,17 @@ impl Store {
         })
     }
 
-    /// Removes the inode if it has neither links nor open handles; says whether it did.
+    /// Removes the inode if it has neither links nor open handles. Returns the link count and
+    /// whether the file's stripes must be dropped: only when it was removed with a non-zero
+    /// size (every handle flushed before its last close, and truncate drops stripes itself, so
+    /// a file of size 0 has none), which spares unlinks of empty files a broadcast.
     fn reap(&self, part: &mut Partition, ino: Ino) -> (u32, bool) {
         match part.inodes.get(&ino) {
             Some(i) if i.nlink == 0 && i.open_count == 0 => {
                 let i = part.inodes.remove(&ino).expect("present");
                 self.refund(INODE_COST + i.target.len() as u64);
                 self.inodes.fetch_sub(1, Ordering::Relaxed);
-                (0, true)
+                (0, i.size > 0 && i.kind == FileKind::File)
             }
             Some(i) => (i.nlink, false),
             None => (0, false),
@@ -720,9 +723,20 @@ mod tests {
         assert_eq!(s.inode_link(0, 7, -1, t(2)), Ok((1, false)));
         assert_eq!(s.inode_link(0, 7, -1, t(3)), Ok((0, false)), "still open");
         assert!(s.inode_get(0, 7).is_ok());
-        assert_eq!(s.inode_close(0, 7), Ok((0, true)), "last close reaps it");
+        assert_eq!(s.inode_extend(0, 7, 1, t(4)).unwrap().size, 1);
+        assert_eq!(
+            s.inode_close(0, 7),
+            Ok((0, true)),
+            "last close reaps it; it has data to drop"
+        );
         assert_eq!(s.inode_get(0, 7), Err(ErrorCode::NotFound));
         assert_eq!((s.inode_count(), s.used()), (0, 0));
+        s.inode_create(0, inode(9, FileKind::File)).unwrap();
+        assert_eq!(
+            s.inode_link(0, 9, -1, t(4)),
+            Ok((0, false)),
+            "an empty file has no stripes to drop"
+        );
         s.inode_create(0, inode(8, FileKind::File)).unwrap();
         assert_eq!(s.inode_extend(0, 8, 100, t(5)).unwrap().size, 100);
         assert_eq!(
