@@ -185,7 +185,7 @@ impl Config {
     }
 
     fn file_source(&self) -> Source {
-        self.path.clone().map_or(Source::Flag("?"), Source::File)
+        Source::File(self.path.clone().unwrap_or_default())
     }
 }
 
@@ -195,7 +195,8 @@ pub fn cluster() -> Result<Option<(PathBuf, FileConfig)>> {
     if !path.exists() {
         return Ok(None);
     }
-    Ok(Some((read(&path)?, path)).map(|(c, p)| (p, c)))
+    let file = read(&path)?;
+    Ok(Some((path, file)))
 }
 
 /// How a client (or a server) reaches the cluster.
@@ -259,9 +260,12 @@ pub fn endpoint(
     })
 }
 
-/// A size such as `4GiB`, `512MiB`, `1g` or `1048576`.
+/// A size such as `4GiB`, `512MiB`, `1g` or `1048576`. Units are binary, as usual for memory:
+/// `1g`, `1GB` and `1GiB` are all 2^30 bytes.
 pub fn size(text: &str) -> Result<u64> {
-    parse_size::parse_size(text)
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(text.trim())
         .map_err(|e| anyhow!("bad size {text:?}: {e} (examples: 4GiB, 512MiB, 1g)"))
 }
 
@@ -366,7 +370,8 @@ mod tests {
     fn sizes() {
         assert_eq!(size("4GiB").unwrap(), 4 << 30);
         assert_eq!(size("512MiB").unwrap(), 512 << 20);
-        assert_eq!(size("1g").unwrap(), 1_000_000_000);
+        assert_eq!(size("1g").unwrap(), 1 << 30);
+        assert_eq!(size("2MB").unwrap(), 2 << 20);
         assert_eq!(size("1048576").unwrap(), 1 << 20);
         for bad in ["lots", "", "-1GiB", "4 GiBB"] {
             let e = size(bad).unwrap_err().to_string();
