@@ -110,6 +110,12 @@ impl Client {
         self.router.config().stripe_size
     }
 
+    /// Epoch of the partition table this client routes with.
+    #[must_use]
+    pub fn epoch(&self) -> tessera_placement::Epoch {
+        self.router.route().epoch()
+    }
+
     /// The cluster's status, as the manager sees it.
     pub async fn status(&self) -> Result<tessera_proto::ClusterStatus> {
         self.router.status().await

@@ -1,0 +1,179 @@
+//! A client keeps working across a partition-table change: real storage servers, a scripted
+//! manager whose table epoch the test advances, and a client that must refresh and retry.
+
+use bytes::Bytes;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tessera_client::{Client, ClientOptions, OpenOptions};
+use tessera_placement::{assign, meta_partition, NodeWeight, PartitionTable, ROOT_INO};
+use tessera_proto::{
+    serve, BufferPool, ClusterConfig, ErrorCode, FileKind, Handler, Inode, NodeAddr, Op, Request,
+    Response, RpcClient, RpcConfig, Secret, TableInfo, Timespec,
+};
+
+const SECRET: &str = "epochs";
+const CONFIG: ClusterConfig = ClusterConfig {
+    partitions: 64,
+    stripe_size: 1 << 20,
+    replication: 1,
+};
+
+/// A manager reduced to what the test needs: members, and a table it can re-publish.
+#[derive(Default)]
+struct FakeManager {
+    members: Mutex<Vec<NodeAddr>>,
+    table: Mutex<Option<TableInfo>>,
+    /// Tables handed out since the last publish.
+    fetched: Mutex<u32>,
+}
+
+impl FakeManager {
+    fn publish(&self, epoch: u64) {
+        let nodes = self.members.lock().unwrap().clone();
+        let weights: Vec<_> = nodes
+            .iter()
+            .map(|n| NodeWeight {
+                node: n.id,
+                capacity: 1,
+            })
+            .collect();
+        let replicas = assign(None, &weights, CONFIG.partitions, 1).unwrap();
+        let table = PartitionTable::new(epoch, replicas).unwrap();
+        *self.table.lock().unwrap() = Some(TableInfo {
+            config: CONFIG,
+            table,
+            nodes,
+        });
+        *self.fetched.lock().unwrap() = 0;
+    }
+
+    /// Publishes `epoch` and waits until both servers (and nobody else yet) fetched it.
+    async fn advance(&self, epoch: u64) {
+        self.publish(epoch);
+        for _ in 0..400 {
+            if *self.fetched.lock().unwrap() >= 2 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("the servers did not fetch epoch {epoch}");
+    }
+}
+
+impl Handler for FakeManager {
+    fn handle(&self, req: Request, _: Bytes) -> (Response, Bytes) {
+        let resp = match req {
+            Request::Register { addr, .. } => {
+                let mut m = self.members.lock().unwrap();
+                let id = m.len() as u32 + 1;
+                m.push(NodeAddr { id, addr });
+                Response::Registered {
+                    node: id,
+                    config: CONFIG,
+                }
+            }
+            Request::Heartbeat { .. } => Response::HeartbeatAck {
+                epoch: self.table.lock().unwrap().as_ref().map(|t| t.table.epoch()),
+            },
+            Request::GetTable => match self.table.lock().unwrap().clone() {
+                Some(t) => {
+                    *self.fetched.lock().unwrap() += 1;
+                    Response::Table(t)
+                }
+                None => Response::Error(ErrorCode::NotReady("no table".into())),
+            },
+            _ => Response::Error(ErrorCode::Invalid("not in this test".into())),
+        };
+        (resp, Bytes::new())
+    }
+}
+
+fn rpc() -> RpcConfig {
+    RpcConfig::new(Secret::new(SECRET), Arc::new(BufferPool::new(1 << 20, 8)))
+}
+
+/// Creates the root directory, as the real manager does.
+async fn create_root(info: &TableInfo) {
+    let owner = info
+        .table
+        .replicas(meta_partition(ROOT_INO, CONFIG.partitions))[0];
+    let addr = info.nodes.iter().find(|n| n.id == owner).unwrap().addr;
+    let now = Timespec::now();
+    let root = Inode {
+        ino: ROOT_INO,
+        kind: FileKind::Dir,
+        mode: 0o755,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        nlink: 2,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        parent: ROOT_INO,
+        target: Vec::new(),
+        open_count: 0,
+    };
+    let conn = RpcClient::connect(addr, &rpc()).await.unwrap();
+    let req = Request::Op {
+        epoch: info.table.epoch(),
+        op: Op::InodeCreate { inode: root },
+    };
+    for _ in 0..200 {
+        if conn.call(&req, Bytes::new()).await.unwrap().0 == Response::Ok {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the root's server never installed the table");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_follows_a_new_epoch_without_errors() {
+    let manager = Arc::new(FakeManager::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let maddr: SocketAddr = listener.local_addr().unwrap();
+    tokio::spawn(serve(listener, Arc::new(rpc()), manager.clone()));
+    let mut servers = Vec::new();
+    for i in 0..2 {
+        let listen = format!("127.0.0.{}:0", i + 2).parse().unwrap();
+        let mut opts =
+            tessera_server::ServerOptions::new(listen, maddr, Secret::new(SECRET), 256 << 20);
+        opts.heartbeat = Duration::from_millis(100);
+        servers.push(tessera_server::start(opts).await.unwrap());
+    }
+    manager.publish(1);
+    let first = manager.table.lock().unwrap().clone().unwrap();
+    create_root(&first).await;
+
+    let client = Client::connect(ClientOptions::new(maddr, SECRET))
+        .await
+        .unwrap();
+    assert_eq!(client.epoch(), 1);
+    let data: Vec<u8> = (0..5_000_000u32).map(|i| (i % 253) as u8).collect();
+    client.write("/before", &data).await.unwrap();
+
+    // A new epoch: the servers learn it from their heartbeats, the client only from a server
+    // telling it that its table is stale.
+    manager.advance(2).await;
+    assert_eq!(
+        client.read("/before").await.unwrap(),
+        data,
+        "read across the epoch change"
+    );
+    assert_eq!(client.epoch(), 2, "the client refreshed its table");
+    let mut f = client.open("/after", &OpenOptions::create()).await.unwrap();
+    f.write_at(0, &data).await.unwrap();
+    manager.advance(3).await;
+    f.write_at(data.len() as u64, b"tail").await.unwrap();
+    f.close().await.unwrap();
+    let mut want = data.clone();
+    want.extend_from_slice(b"tail");
+    assert_eq!(
+        client.read("/after").await.unwrap(),
+        want,
+        "writes in flight across a change are re-sent in order"
+    );
+    assert_eq!(client.epoch(), 3);
+}
