@@ -74,8 +74,19 @@ impl Router {
     pub async fn connect(opts: &ClientOptions) -> Result<Self> {
         let mut rpc = RpcConfig::new(opts.secret.clone(), Arc::new(BufferPool::new(1 << 20, 64)));
         rpc.request_timeout = opts.request_timeout;
-        let manager = Arc::new(RpcClient::connect(opts.manager, &rpc).await?);
         let deadline = Instant::now() + opts.ready_timeout;
+        // A manager that is still starting refuses connections: keep trying until the deadline;
+        // a refused handshake (wrong secret) is final.
+        let manager = loop {
+            match RpcClient::connect(opts.manager, &rpc).await {
+                Ok(c) => break Arc::new(c),
+                Err(e @ tessera_proto::RpcError::Connect { .. }) if Instant::now() < deadline => {
+                    debug!("manager not reachable yet: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
         let info = loop {
             match manager.call(&Request::GetTable, Bytes::new()).await?.0 {
                 Response::Table(info) => break info,
