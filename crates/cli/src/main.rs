@@ -3,6 +3,7 @@
 mod bench;
 mod config;
 mod files;
+mod mount;
 mod status;
 mod up;
 
@@ -44,6 +45,10 @@ enum Cmd {
     Manager(ManagerArgs),
     /// Run a storage server in the foreground.
     Server(ServerArgs),
+    /// Mount the cluster on a directory (FUSE) until Ctrl-C.
+    Mount(mount::MountArgs),
+    /// Unmount a Tessera mount (also one whose process died).
+    Umount(mount::UmountArgs),
     /// Nodes, partitions and memory at a glance.
     Status(status::StatusArgs),
     /// Copy files and trees in, out and within the cluster (cluster paths start with `tessera:`).
@@ -219,6 +224,8 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Up(a) => up::run(&cli, a, &cfg).await,
         Cmd::Manager(a) => run_manager(&cli, a, &cfg).await,
         Cmd::Server(a) => run_server(&cli, a, &cfg).await,
+        Cmd::Mount(a) => mount::run(client(&cli, &cfg).await?, a).await,
+        Cmd::Umount(a) => mount::umount(a),
         Cmd::Status(a) => status::run(&client(&cli, &cfg).await?, a).await,
         Cmd::Cp(a) => files::cp(&client(&cli, &cfg).await?, a).await,
         Cmd::Ls(a) => files::ls(&client(&cli, &cfg).await?, a).await,

@@ -29,6 +29,9 @@ pub struct UpArgs {
     /// Copies of every partition (default 1).
     #[arg(long)]
     replication: Option<u8>,
+    /// Also mount the cluster on this directory (FUSE); unmounted when `up` stops.
+    #[arg(long)]
+    mount: Option<std::path::PathBuf>,
 }
 
 /// Half of MemAvailable, split among `servers`, in whole MiB.
@@ -179,6 +182,16 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
             return Err(e);
         }
     };
+    if let Some(dir) = &args.mount {
+        let margs = vec![
+            "--manager".into(),
+            manager.clone(),
+            "mount".into(),
+            dir.to_string_lossy().into_owned(),
+        ];
+        children.0.push(("mount".into(), child(&margs, &secret)?));
+        wait_mounted(dir, &mut children).await?;
+    }
     let file = config::cluster_file();
     write_cluster_file(&file, &manager, &http, &secret)?;
     let usage = client.usage().await?;
@@ -205,6 +218,34 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
         Some(why) => bail!("{why}; the cluster was stopped"),
         None => Ok(()),
     }
+}
+
+/// Waits until the mount child has mounted `dir` (its device differs from its parent's).
+async fn wait_mounted(dir: &std::path::Path, children: &mut Children) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let parent = dir.parent().unwrap_or(dir);
+    let parent_dev = std::fs::metadata(parent)
+        .with_context(|| format!("{}", parent.display()))?
+        .dev();
+    for _ in 0..300 {
+        if std::fs::metadata(dir).is_ok_and(|m| m.dev() != parent_dev) {
+            return Ok(());
+        }
+        let exited = children
+            .0
+            .last_mut()
+            .and_then(|(_, c)| c.try_wait().ok().flatten());
+        if let Some(status) = exited {
+            children.stop().await;
+            bail!(
+                "the mount exited ({status}) before {} was mounted",
+                dir.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    children.stop().await;
+    bail!("{} was not mounted within 30 s", dir.display())
 }
 
 fn write_cluster_file(

@@ -43,6 +43,8 @@ struct ReadAhead {
 pub struct File {
     client: Client,
     ino: Ino,
+    /// Attributes fetched at open (close-to-open), for callers that need them at once.
+    opened: Inode,
     stripe: u64,
     readable: bool,
     writable: bool,
@@ -66,6 +68,7 @@ impl File {
             stripe: u64::from(client.stripe_size()),
             client,
             ino: inode.ino,
+            opened: inode.clone(),
             readable: opts.read,
             writable: opts.write || opts.append,
             append: opts.append,
@@ -84,6 +87,15 @@ impl File {
     #[must_use]
     pub fn ino(&self) -> Ino {
         self.ino
+    }
+
+    /// Attributes as of the open, with the size as this handle sees it now.
+    #[must_use]
+    pub fn attr(&self) -> Inode {
+        Inode {
+            size: self.size,
+            ..self.opened.clone()
+        }
     }
 
     /// The size as this handle sees it.
@@ -490,6 +502,7 @@ impl Drop for File {
         let mut rest = File {
             client: self.client.clone(),
             ino: self.ino,
+            opened: self.opened.clone(),
             stripe: self.stripe,
             readable: false,
             writable: true,

@@ -171,6 +171,38 @@ impl Cluster {
         Worker::spawn(self.manager, &self.secret)
     }
 
+    /// Mounts the cluster on `dir` with `tessera mount` in its own process; waits until the mount
+    /// is there. The mount is undone when the returned guard is dropped.
+    pub fn mount(&self, dir: &std::path::Path) -> Result<Mount> {
+        use std::os::unix::fs::MetadataExt;
+        anyhow::ensure!(
+            std::path::Path::new("/dev/fuse").exists(),
+            "FUSE tests need /dev/fuse (and root)"
+        );
+        std::fs::create_dir_all(dir)?;
+        let before = std::fs::metadata(dir)?.dev();
+        let mut cmd = quiet(Command::new(bin("tessera")?));
+        cmd.args(["mount", &dir.to_string_lossy()])
+            .env("TESSERA_MANAGER", self.manager.to_string())
+            .env("TESSERA_SECRET", &self.secret);
+        let mut child = cmd.spawn().context("starting tessera mount")?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::fs::metadata(dir).map(|m| m.dev()).unwrap_or(before) == before {
+            if let Some(status) = child.try_wait()? {
+                bail!("tessera mount exited: {status}");
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                bail!("{} was not mounted within 30 s", dir.display());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(Mount {
+            child,
+            dir: dir.to_path_buf(),
+        })
+    }
+
     /// Kills server `i` (SIGKILL, as a crash would).
     pub fn kill_server(&mut self, i: usize) -> Result<()> {
         self.servers[i].kill()?;
@@ -189,6 +221,32 @@ impl Drop for Cluster {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// A running `tessera mount`; unmounts (SIGTERM, as Ctrl-C would) when dropped.
+pub struct Mount {
+    child: Child,
+    pub dir: PathBuf,
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = Command::new(bin("tessera").unwrap_or_default())
+            .arg("umount")
+            .arg(&self.dir)
+            .status();
     }
 }
 

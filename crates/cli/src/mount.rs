@@ -1,0 +1,93 @@
+//! `tessera mount` and `tessera umount`.
+
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tessera_client::Client;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct MountArgs {
+    /// Directory to mount the cluster on.
+    pub dir: PathBuf,
+    /// Requests served at once (FUSE worker threads).
+    #[arg(long, default_value_t = 8)]
+    pub threads: usize,
+    /// Let other users use the mount (permissions are still enforced).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Bypass the kernel page cache.
+    #[arg(long)]
+    pub direct_io: bool,
+    /// Let the kernel gather small writes (faster small writes; see docs/SEMANTICS.md).
+    #[arg(long)]
+    pub writeback_cache: bool,
+    /// Seconds the kernel may cache attributes and names: faster stats, but another node's
+    /// closed writes may go unseen that long (0 keeps close-to-open).
+    #[arg(long, default_value_t = 0.0)]
+    pub attr_cache: f64,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct UmountArgs {
+    /// A Tessera mount point, also one whose process died.
+    pub dir: PathBuf,
+}
+
+/// Is `dir` a mount point right now?
+fn mounted(dir: &Path) -> bool {
+    let Ok(dir) = dir.canonicalize() else {
+        return false;
+    };
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|m| {
+            m.lines()
+                .any(|l| l.split(' ').nth(4) == Some(dir.to_string_lossy().as_ref()))
+        })
+        .unwrap_or(false)
+}
+
+/// Mounts in the foreground until Ctrl-C/SIGTERM or an unmount from outside.
+pub async fn run(client: Client, args: &MountArgs) -> Result<()> {
+    let meta = std::fs::metadata(&args.dir)
+        .with_context(|| format!("mount point {}", args.dir.display()))?;
+    anyhow::ensure!(
+        meta.is_dir(),
+        "mount point {} is not a directory",
+        args.dir.display()
+    );
+    let opts = tessera_fuse::MountOptions {
+        threads: args.threads,
+        allow_other: args.allow_other,
+        direct_io: args.direct_io,
+        writeback_cache: args.writeback_cache,
+        attr_ttl: Duration::try_from_secs_f64(args.attr_cache)
+            .context("--attr-cache must be a number of seconds")?,
+    };
+    let session = tessera_fuse::mount(client, tokio::runtime::Handle::current(), &args.dir, &opts)
+        .with_context(|| {
+            format!(
+                "mounting on {} (is /dev/fuse there, and are you root or in the fuse group?)",
+                args.dir.display()
+            )
+        })?;
+    eprintln!("tessera mounted on {}", args.dir.display());
+    let gone = async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if !mounted(&args.dir) {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        r = crate::shutdown_signal() => r?,
+        () = gone => eprintln!("{} was unmounted", args.dir.display()),
+    }
+    // Unmounts and joins the FUSE threads, which need the runtime: not on a runtime thread.
+    tokio::task::spawn_blocking(move || drop(session)).await?;
+    Ok(())
+}
+
+pub fn umount(args: &UmountArgs) -> Result<()> {
+    tessera_fuse::unmount(&args.dir).with_context(|| format!("unmounting {}", args.dir.display()))
+}

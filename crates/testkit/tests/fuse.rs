@@ -1,0 +1,152 @@
+//! The FUSE mount as unmodified programs see it: standard-library file operations and their
+//! POSIX errors, on two mounts of one cluster (as on two nodes). Needs root and /dev/fuse.
+
+use anyhow::Result;
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::time::{Duration, SystemTime};
+use tessera_testkit::{pattern, Cluster, ClusterSpec};
+
+fn errno(e: &std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}
+
+#[test]
+fn posix_operations_through_two_mounts() -> Result<()> {
+    let cluster = Cluster::start(&ClusterSpec::default())?;
+    let base = tempfile_dir()?;
+    let a = cluster.mount(&base.join("a"))?;
+    let b = cluster.mount(&base.join("b"))?;
+    let (pa, pb) = (a.dir.clone(), b.dir.clone());
+
+    // Whole files, across stripes; visible on the other mount after close.
+    let data = pattern(1, 0, 3_000_001);
+    fs::write(pa.join("f"), &data)?;
+    assert_eq!(fs::read(pb.join("f"))?, data, "close-to-open across mounts");
+    assert_eq!(fs::metadata(pb.join("f"))?.len(), 3_000_001);
+
+    // pread/pwrite at any offset, O_APPEND, O_EXCL, O_TRUNC.
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(pa.join("f"))?;
+    f.write_all_at(b"XYZ", 1_048_575)?;
+    let mut buf = [0u8; 5];
+    f.read_exact_at(&mut buf, 1_048_574)?;
+    assert_eq!(&buf, &[data[1_048_574], b'X', b'Y', b'Z', data[1_048_578]]);
+    drop(f);
+    let mut ap = OpenOptions::new().append(true).open(pa.join("f"))?;
+    ap.write_all(b"tail")?;
+    drop(ap);
+    assert_eq!(fs::metadata(pb.join("f"))?.len(), 3_000_005);
+    let e = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(pa.join("f"))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AlreadyExists);
+    File::create(pa.join("f"))?.write_all(b"short")?;
+    assert_eq!(fs::read(pb.join("f"))?, b"short");
+
+    // Directories and their errors.
+    fs::create_dir(pa.join("d"))?;
+    fs::write(pa.join("d/x"), b"x")?;
+    assert_eq!(
+        errno(&fs::remove_dir(pa.join("d")).unwrap_err()),
+        libc::ENOTEMPTY
+    );
+    assert_eq!(errno(&fs::read(pa.join("d")).unwrap_err()), libc::EISDIR);
+    assert_eq!(
+        errno(&fs::write(pa.join("f/under-a-file"), b"").unwrap_err()),
+        libc::ENOTDIR
+    );
+    assert_eq!(
+        errno(&fs::metadata(pa.join("missing")).unwrap_err()),
+        libc::ENOENT
+    );
+    assert_eq!(
+        errno(&fs::write(pa.join("n".repeat(256)), b"").unwrap_err()),
+        libc::ENAMETOOLONG
+    );
+    let mut names: Vec<_> = fs::read_dir(&pb)?
+        .map(|e| e.map(|e| e.file_name().into_string().unwrap_or_default()))
+        .collect::<Result<_, _>>()?;
+    names.sort();
+    assert_eq!(names, ["d", "f"]);
+
+    // Rename over an existing file, and across directories.
+    fs::write(pa.join("d/y"), b"y")?;
+    fs::rename(pa.join("d/x"), pa.join("d/y"))?;
+    assert_eq!(fs::read(pb.join("d/y"))?, b"x");
+    fs::rename(pa.join("d/y"), pa.join("moved"))?;
+    assert_eq!(fs::read(pb.join("moved"))?, b"x");
+
+    // Unlinked while open: the descriptor keeps working until it is closed.
+    let mut tmp = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(pa.join("tmp"))?;
+    tmp.write_all(&pattern(2, 0, 2_000_000))?;
+    fs::remove_file(pa.join("tmp"))?;
+    assert!(!pb.join("tmp").exists());
+    tmp.seek(SeekFrom::Start(0))?;
+    let mut back = Vec::new();
+    tmp.read_to_end(&mut back)?;
+    assert_eq!(back, pattern(2, 0, 2_000_000));
+    drop(tmp);
+
+    // Links, modes, times, truncate, statfs.
+    std::os::unix::fs::symlink("moved", pa.join("link"))?;
+    assert_eq!(fs::read_link(pb.join("link"))?.to_str(), Some("moved"));
+    assert_eq!(fs::read(pb.join("link"))?, b"x");
+    fs::hard_link(pa.join("moved"), pa.join("hard"))?;
+    assert_eq!(fs::metadata(pb.join("moved"))?.nlink(), 2);
+    fs::set_permissions(pa.join("hard"), fs::Permissions::from_mode(0o600))?;
+    assert_eq!(fs::metadata(pb.join("moved"))?.mode() & 0o7777, 0o600);
+    let when = SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789);
+    File::options()
+        .write(true)
+        .open(pa.join("hard"))?
+        .set_modified(when)?;
+    assert_eq!(
+        fs::metadata(pb.join("moved"))?.modified()?,
+        when,
+        "nanosecond mtimes, for make"
+    );
+    let t = OpenOptions::new()
+        .write(true)
+        .mode(0o644)
+        .create(true)
+        .truncate(false)
+        .open(pa.join("f"))?;
+    t.set_len(2)?;
+    drop(t);
+    assert_eq!(fs::read(pb.join("f"))?, b"sh");
+    let st = statvfs(&pa)?;
+    assert!(
+        st.0 > 0 && st.1 <= st.0,
+        "statfs reports the cluster's capacity: {st:?}"
+    );
+    drop(a);
+    drop(b);
+    Ok(())
+}
+
+fn statvfs(p: &std::path::Path) -> Result<(u64, u64)> {
+    let c = std::ffi::CString::new(p.as_os_str().to_string_lossy().as_bytes())?;
+    // SAFETY: a valid path and a zeroed out-struct.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    anyhow::ensure!(
+        unsafe { libc::statvfs(c.as_ptr(), &mut s) } == 0,
+        "statvfs failed"
+    );
+    Ok((s.f_blocks * s.f_frsize, s.f_bfree * s.f_frsize))
+}
+
+fn tempfile_dir() -> Result<std::path::PathBuf> {
+    let d = std::env::temp_dir().join(format!("tessera-fuse-{}", std::process::id()));
+    fs::create_dir_all(&d)?;
+    Ok(d)
+}
