@@ -180,22 +180,17 @@ impl Client {
         target: Vec<u8>,
         open: bool,
     ) -> Inode {
-        let now = Timespec::now();
-        Inode {
+        let mut inode = Inode::new(
             ino,
             kind,
-            mode: mode & 0o7777,
-            uid: self.opts.uid,
-            gid: self.opts.gid,
-            size: target.len() as u64,
-            nlink: if kind == FileKind::Dir { 2 } else { 1 },
-            atime: now,
-            mtime: now,
-            ctime: now,
-            parent: if kind == FileKind::Dir { parent } else { 0 },
+            mode,
+            self.opts.uid,
+            self.opts.gid,
+            parent,
             target,
-            open_count: u32::from(open),
-        }
+        );
+        inode.open_count = u32::from(open);
+        inode
     }
 
     async fn insert(

@@ -9,7 +9,7 @@ use tessera_client::{Client, ClientOptions, OpenOptions};
 use tessera_placement::{assign, meta_partition, NodeWeight, PartitionTable, ROOT_INO};
 use tessera_proto::{
     serve, BufferPool, ClusterConfig, ErrorCode, FileKind, Handler, Inode, NodeAddr, Op, Request,
-    Response, RpcClient, RpcConfig, Secret, TableInfo, Timespec,
+    Response, RpcClient, RpcConfig, Secret, TableInfo,
 };
 
 const SECRET: &str = "epochs";
@@ -99,22 +99,7 @@ async fn create_root(info: &TableInfo) {
         .table
         .replicas(meta_partition(ROOT_INO, CONFIG.partitions))[0];
     let addr = info.nodes.iter().find(|n| n.id == owner).unwrap().addr;
-    let now = Timespec::now();
-    let root = Inode {
-        ino: ROOT_INO,
-        kind: FileKind::Dir,
-        mode: 0o755,
-        uid: 0,
-        gid: 0,
-        size: 0,
-        nlink: 2,
-        atime: now,
-        mtime: now,
-        ctime: now,
-        parent: ROOT_INO,
-        target: Vec::new(),
-        open_count: 0,
-    };
+    let root = Inode::new(ROOT_INO, FileKind::Dir, 0o755, 0, 0, ROOT_INO, Vec::new());
     let conn = RpcClient::connect(addr, &rpc()).await.unwrap();
     let req = Request::Op {
         epoch: info.table.epoch(),

@@ -208,6 +208,17 @@ impl TesseraFs {
         fh
     }
 
+    /// Stores everything written through `fh` and publishes its size (close, fsync).
+    fn flush_handle(&self, fh: FileHandle, reply: ReplyEmpty) {
+        let Some(f) = self.file(fh) else {
+            return reply.error(Errno::EBADF);
+        };
+        Self::empty(
+            reply,
+            self.rt.block_on(async { f.lock().await.flush().await }),
+        );
+    }
+
     fn open_flags(&self) -> FopenFlags {
         if self.opts.direct_io {
             FopenFlags::FOPEN_DIRECT_IO
@@ -535,13 +546,7 @@ impl Filesystem for TesseraFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        let Some(f) = self.file(fh) else {
-            return reply.error(Errno::EBADF);
-        };
-        Self::empty(
-            reply,
-            self.rt.block_on(async { f.lock().await.flush().await }),
-        );
+        self.flush_handle(fh, reply);
     }
 
     fn fsync(
@@ -552,13 +557,7 @@ impl Filesystem for TesseraFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let Some(f) = self.file(fh) else {
-            return reply.error(Errno::EBADF);
-        };
-        Self::empty(
-            reply,
-            self.rt.block_on(async { f.lock().await.flush().await }),
-        );
+        self.flush_handle(fh, reply);
     }
 
     fn release(

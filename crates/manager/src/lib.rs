@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tessera_placement::{meta_partition, validate_stripe_size, ROOT_INO};
 use tessera_proto::{
     BufferPool, ClusterConfig, ErrorCode, FileKind, Handler, Inode, Op, Request, Response,
-    RpcClient, RpcConfig, Secret, Timespec,
+    RpcClient, RpcConfig, Secret,
 };
 use tokio::net::TcpListener;
 use tracing::{info, warn};
@@ -152,22 +152,15 @@ async fn create_root(shared: Arc<Shared>, rpc: Arc<RpcConfig>) {
     };
     // SAFETY: getuid/getgid have no preconditions and cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let now = Timespec::now();
-    let inode = Inode {
-        ino: ROOT_INO,
-        kind: FileKind::Dir,
-        mode: shared.root_mode & 0o7777,
+    let inode = Inode::new(
+        ROOT_INO,
+        FileKind::Dir,
+        shared.root_mode,
         uid,
         gid,
-        size: 0,
-        nlink: 2,
-        atime: now,
-        mtime: now,
-        ctime: now,
-        parent: ROOT_INO,
-        target: Vec::new(),
-        open_count: 0,
-    };
+        ROOT_INO,
+        Vec::new(),
+    );
     let p = meta_partition(ROOT_INO, info.config.partitions);
     let req = Request::Op {
         epoch: info.table.epoch(),

@@ -95,6 +95,38 @@ pub struct Inode {
     pub open_count: u32,
 }
 
+impl Inode {
+    /// A new inode with one link (two for a directory: its entry and its `.`), times `now`, no
+    /// open handles; a symbolic link's size is its target's length.
+    #[must_use]
+    pub fn new(
+        ino: Ino,
+        kind: FileKind,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        parent: Ino,
+        target: Vec<u8>,
+    ) -> Self {
+        let now = Timespec::now();
+        Self {
+            ino,
+            kind,
+            mode: mode & 0o7777,
+            uid,
+            gid,
+            size: target.len() as u64,
+            nlink: if kind == FileKind::Dir { 2 } else { 1 },
+            atime: now,
+            mtime: now,
+            ctime: now,
+            parent: if kind == FileKind::Dir { parent } else { 0 },
+            target,
+            open_count: 0,
+        }
+    }
+}
+
 /// A directory entry, stored in the partition of the directory's inode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirEntry {
