@@ -78,15 +78,43 @@ struct ManagerArgs {
     /// Servers that must join before the partition table is built.
     #[arg(long)]
     expect: Option<u32>,
-    /// Partitions (fixed for the cluster's life; bounds how far it scales out).
+    #[command(flatten)]
+    shape: ClusterArgs,
+}
+
+/// The shape of a new cluster, shared by `manager` and `up`.
+#[derive(clap::Args, Debug)]
+pub struct ClusterArgs {
+    /// Partitions, fixed for the cluster's life; bounds how far it scales out (default 1024).
     #[arg(long)]
     partitions: Option<u32>,
-    /// Stripe size (a multiple of 1 MiB).
+    /// Stripe size, a multiple of 1 MiB (default 1MiB).
     #[arg(long)]
     stripe_size: Option<String>,
-    /// Copies of every partition.
+    /// Copies of every partition (default 1).
     #[arg(long)]
     replication: Option<u8>,
+}
+
+impl ClusterArgs {
+    /// Flags over the `[cluster]` section over defaults; the stripe size is checked here.
+    pub fn resolve(&self, cfg: &config::FileConfig) -> Result<ClusterConfig> {
+        let stripe = self
+            .stripe_size
+            .clone()
+            .or_else(|| cfg.cluster.stripe_size.clone())
+            .unwrap_or_else(|| "1MiB".into());
+        let stripe_size = tessera_placement::validate_stripe_size(config::size(&stripe)?)
+            .map_err(anyhow::Error::msg)?;
+        Ok(ClusterConfig {
+            partitions: self
+                .partitions
+                .or(cfg.cluster.partitions)
+                .unwrap_or(tessera_placement::DEFAULT_PARTITIONS),
+            stripe_size,
+            replication: self.replication.or(cfg.cluster.replication).unwrap_or(1),
+        })
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -110,24 +138,6 @@ pub const DEFAULT_MANAGER: &str = "127.0.0.1:7070";
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn cluster_config(args: &ManagerArgs, cfg: &config::FileConfig) -> Result<ClusterConfig> {
-    let stripe = args
-        .stripe_size
-        .clone()
-        .or_else(|| cfg.cluster.stripe_size.clone())
-        .unwrap_or_else(|| "1MiB".into());
-    let stripe_size = tessera_placement::validate_stripe_size(config::size(&stripe)?)
-        .map_err(anyhow::Error::msg)?;
-    Ok(ClusterConfig {
-        partitions: args
-            .partitions
-            .or(cfg.cluster.partitions)
-            .unwrap_or(tessera_placement::DEFAULT_PARTITIONS),
-        stripe_size,
-        replication: args.replication.or(cfg.cluster.replication).unwrap_or(1),
-    })
-}
-
 async fn run_manager(cli: &Cli, args: &ManagerArgs, cfg: &config::FileConfig) -> Result<()> {
     let secret = cli
         .secret
@@ -150,7 +160,7 @@ async fn run_manager(cli: &Cli, args: &ManagerArgs, cfg: &config::FileConfig) ->
         secret: Secret::new(&secret),
         http_token: secret,
         expect_servers: args.expect.or(cfg.cluster.servers).unwrap_or(1),
-        config: cluster_config(args, cfg)?,
+        config: args.shape.resolve(cfg)?,
         heartbeat_timeout: Duration::from_secs(5),
         root_mode: 0o755,
     };

@@ -20,15 +20,8 @@ pub struct UpArgs {
     /// Address of the HTTP admin API (default 127.0.0.1:7071).
     #[arg(long)]
     http: Option<String>,
-    /// Partitions (default 1024).
-    #[arg(long)]
-    partitions: Option<u32>,
-    /// Stripe size (default 1MiB).
-    #[arg(long)]
-    stripe_size: Option<String>,
-    /// Copies of every partition (default 1).
-    #[arg(long)]
-    replication: Option<u8>,
+    #[command(flatten)]
+    shape: crate::ClusterArgs,
     /// Also mount the cluster on this directory (FUSE); unmounted when `up` stops.
     #[arg(long)]
     mount: Option<std::path::PathBuf>,
@@ -137,19 +130,11 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
         http.clone(),
     ];
     margs.extend(["--expect".into(), servers.to_string()]);
-    if let Some(p) = args.partitions.or(cfg.cluster.partitions) {
-        margs.extend(["--partitions".into(), p.to_string()]);
-    }
-    if let Some(s) = args
-        .stripe_size
-        .clone()
-        .or_else(|| cfg.cluster.stripe_size.clone())
-    {
-        margs.extend(["--stripe-size".into(), s]);
-    }
-    if let Some(r) = args.replication.or(cfg.cluster.replication) {
-        margs.extend(["--replication".into(), r.to_string()]);
-    }
+    // Resolved (and checked) here, so a bad setting fails before anything starts.
+    let shape = args.shape.resolve(cfg)?;
+    margs.extend(["--partitions".into(), shape.partitions.to_string()]);
+    margs.extend(["--stripe-size".into(), shape.stripe_size.to_string()]);
+    margs.extend(["--replication".into(), shape.replication.to_string()]);
 
     let mut children = Children(vec![("manager".into(), child(&margs, &secret)?)]);
     for i in 0..servers {

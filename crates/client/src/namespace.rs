@@ -253,7 +253,7 @@ impl Client {
         Ok(inode)
     }
 
-    /// Best-effort removal of an inode that never got a name.
+    /// Best-effort removal of a link that never got a name (and of the open handle, if any).
     async fn discard(&self, ino: Ino, opened: bool) {
         let _ = self
             .meta(
@@ -354,16 +354,7 @@ impl Client {
             )
             .await
         {
-            let _ = self
-                .meta(
-                    ino,
-                    Op::InodeLink {
-                        ino,
-                        delta: -1,
-                        ctime: now,
-                    },
-                )
-                .await;
+            self.discard(ino, false).await;
             return Err(e);
         }
         self.getattr(ino).await
