@@ -10,3 +10,5 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # Integration tests look for the binaries next to themselves.
 cargo build --workspace --bins --locked
 cargo test --workspace --locked --no-fail-fast
+# The FUSE mount under POSIX suites, fsx and a shell workflow (needs root and /dev/fuse).
+TESSERA_BIN=$PWD/target/debug/tessera ./scripts/test-mount.sh

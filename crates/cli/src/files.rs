@@ -344,6 +344,10 @@ fn mode_string(i: &Inode) -> String {
         FileKind::Dir => 'd',
         FileKind::Symlink => 'l',
         FileKind::File => '-',
+        FileKind::Fifo => 'p',
+        FileKind::Socket => 's',
+        FileKind::CharDevice(_) => 'c',
+        FileKind::BlockDevice(_) => 'b',
     };
     let bits: String = (0..9)
         .rev()

@@ -25,6 +25,9 @@ pub struct UpArgs {
     /// Also mount the cluster on this directory (FUSE); unmounted when `up` stops.
     #[arg(long)]
     mount: Option<std::path::PathBuf>,
+    /// Let all users use the mount (the kernel still checks each file's permissions).
+    #[arg(long, requires = "mount")]
+    allow_other: bool,
 }
 
 /// Half of MemAvailable, split among `servers`, in whole MiB.
@@ -168,12 +171,15 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
         }
     };
     if let Some(dir) = &args.mount {
-        let margs = vec![
+        let mut margs = vec![
             "--manager".into(),
             manager.clone(),
             "mount".into(),
             dir.to_string_lossy().into_owned(),
         ];
+        if args.allow_other {
+            margs.push("--allow-other".into());
+        }
         children.0.push(("mount".into(), child(&margs, &secret)?));
         wait_mounted(dir, &mut children).await?;
     }

@@ -442,10 +442,11 @@ impl File {
 
     /// Flushes and releases the handle; the data of an unlinked file is deleted at its last close.
     pub async fn close(mut self) -> Result<()> {
-        self.release().await
+        self.finish().await
     }
 
-    async fn release(&mut self) -> Result<()> {
+    /// `close` for a handle that is shared (behind a lock): later calls fail with `EBADF`.
+    pub async fn finish(&mut self) -> Result<()> {
         if self.closed {
             return Ok(());
         }
@@ -519,7 +520,7 @@ impl Drop for File {
         };
         self.closed = true;
         rt.spawn(async move {
-            if let Err(e) = rest.release().await {
+            if let Err(e) = rest.finish().await {
                 warn!(ino = rest.ino, "closing a dropped file failed: {e}");
             }
         });

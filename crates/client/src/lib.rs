@@ -110,6 +110,23 @@ impl Client {
         self.router.config().stripe_size
     }
 
+    /// The same connections, creating files and directories owned by `uid`:`gid` (a FUSE mount
+    /// creates them for the calling process, not for itself).
+    #[must_use]
+    pub fn as_user(&self, uid: u32, gid: u32) -> Self {
+        if self.opts.uid == uid && self.opts.gid == gid {
+            return self.clone();
+        }
+        Self {
+            opts: Arc::new(ClientOptions {
+                uid,
+                gid,
+                ..(*self.opts).clone()
+            }),
+            ..self.clone()
+        }
+    }
+
     /// Epoch of the partition table this client routes with.
     #[must_use]
     pub fn epoch(&self) -> tessera_placement::Epoch {

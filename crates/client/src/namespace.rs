@@ -298,6 +298,20 @@ impl Client {
             .await
     }
 
+    /// A named pipe, socket or device node (the other kinds have their own calls).
+    pub async fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        mode: u32,
+    ) -> Result<Inode> {
+        if matches!(kind, FileKind::File | FileKind::Dir | FileKind::Symlink) {
+            return Err(Error::Invalid(format!("mknod does not make a {kind:?}")));
+        }
+        self.make(parent, name, kind, mode, Vec::new(), false).await
+    }
+
     pub async fn symlink(&self, parent: Ino, name: &[u8], target: &[u8]) -> Result<Inode> {
         if target.is_empty() || target.len() > 4096 || target.contains(&0) {
             return Err(Error::Invalid(
@@ -504,7 +518,8 @@ impl Client {
         };
         self.dirs.forget(parent, name);
         self.dirs.forget(new_parent, new_name);
-        if src.kind != FileKind::Dir {
+        // (A directory moved to another parent had its ctime set with its new parent.)
+        if src.kind != FileKind::Dir || parent == new_parent {
             let attr = SetAttr {
                 ctime: now,
                 ..SetAttr::default()

@@ -2,9 +2,11 @@
 //! library (`tessera_client::Client`); nothing here talks to servers itself.
 //!
 //! Concurrency: the session runs `threads` FUSE worker threads, each on its own cloned
-//! `/dev/fuse` descriptor; a worker runs its request to completion on the shared tokio runtime
-//! (`Handle::block_on`), so up to `threads` requests are served at once, and a write's bytes are
-//! copied once, from the kernel's buffer into the stripe buffer, with no copy in between.
+//! `/dev/fuse` descriptor. A worker hands every request except `write` to a task on the shared
+//! tokio runtime together with its reply, and goes back to the kernel for the next one, so any
+//! number of requests are in flight at once. `write` runs on the worker (`Handle::block_on`):
+//! its bytes are borrowed from the kernel's buffer and copied once, into the stripe buffer, and
+//! the client returns as soon as they are there (the stripe goes out in the background).
 //!
 //! Consistency: close-to-open, as the client gives it: the page cache of a file is dropped at
 //! every open (no `KEEP_CACHE`) and attributes are not cached by default (`attr_ttl` 0), so an
@@ -18,6 +20,7 @@ use fuser::{
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -79,14 +82,14 @@ pub fn mount(
     }
     cfg.n_threads = Some(opts.threads.max(1));
     cfg.clone_fd = true;
-    let fs = TesseraFs {
+    let fs = TesseraFs(Arc::new(Fs {
         client,
         rt,
         opts: opts.clone(),
         files: Mutex::default(),
         dirs: Mutex::default(),
         next_fh: AtomicU64::new(1),
-    };
+    }));
     let session = fuser::spawn_mount(fs, dir, &cfg)?;
     raise_readahead(dir);
     Ok(session)
@@ -123,11 +126,23 @@ fn raise_readahead(dir: &Path) {
 /// A directory's entries as readdir hands them out: name, inode, type.
 type Listing = Vec<(Name, u64, FileType)>;
 
-struct TesseraFs {
+/// An open file. `sync` is O_SYNC/O_DSYNC: every write is stored before it returns.
+struct OpenFile {
+    ino: u64,
+    file: tokio::sync::Mutex<File>,
+    sync: bool,
+    /// The size this handle's writes made, until they are published (0 when there are none):
+    /// `stat` by path on this mount must see it, as POSIX wants, before the close.
+    unpublished: AtomicU64,
+}
+
+struct TesseraFs(Arc<Fs>);
+
+struct Fs {
     client: Client,
     rt: Handle,
     opts: MountOptions,
-    files: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<File>>>>,
+    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
     /// Open directories: a snapshot of the entries (with `.` and `..`) taken at opendir.
     dirs: Mutex<HashMap<u64, Arc<Listing>>>,
     next_fh: AtomicU64,
@@ -146,6 +161,10 @@ fn file_type(k: FileKind) -> FileType {
         FileKind::File => FileType::RegularFile,
         FileKind::Dir => FileType::Directory,
         FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDevice(_) => FileType::CharDevice,
+        FileKind::BlockDevice(_) => FileType::BlockDevice,
     }
 }
 
@@ -156,7 +175,22 @@ fn set_time(t: Option<TimeOrNow>) -> Option<Timespec> {
     })
 }
 
+fn name(n: &OsStr) -> Name {
+    n.as_bytes().to_vec()
+}
+
 impl TesseraFs {
+    /// Serves a request on the runtime; the FUSE worker returns to the kernel at once.
+    fn spawn<F, Fut>(&self, f: F)
+    where
+        F: FnOnce(Arc<Fs>) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.0.rt.spawn(f(Arc::clone(&self.0)));
+    }
+}
+
+impl Fs {
     fn attr(&self, i: &Inode) -> FileAttr {
         FileAttr {
             ino: INodeNo(i.ino),
@@ -171,15 +205,45 @@ impl TesseraFs {
             nlink: i.nlink,
             uid: i.uid,
             gid: i.gid,
-            rdev: 0,
+            rdev: match i.kind {
+                FileKind::CharDevice(rdev) | FileKind::BlockDevice(rdev) => rdev,
+                _ => 0,
+            },
             blksize: self.client.stripe_size(),
             flags: 0,
         }
     }
 
+    /// Attributes with the size that unpublished writes through this mount's handles made.
+    fn local(&self, mut i: Inode) -> Inode {
+        let files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
+        for f in files.values().filter(|f| f.ino == i.ino) {
+            i.size = i.size.max(f.unpublished.load(Ordering::Relaxed));
+        }
+        i
+    }
+
+    /// A truncate sets the size, whatever open handles wrote before it.
+    fn forget_unpublished(&self, ino: u64) {
+        let files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
+        for f in files.values().filter(|f| f.ino == ino) {
+            f.unpublished.store(0, Ordering::Relaxed);
+        }
+    }
+
     fn entry(&self, reply: ReplyEntry, r: Result<Inode, Error>) {
         match r {
-            Ok(i) => reply.entry(&self.opts.attr_ttl, &self.attr(&i), Generation(0)),
+            Ok(i) => {
+                let attr = self.attr(&self.local(i));
+                reply.entry(&self.opts.attr_ttl, &attr, Generation(0));
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn attr_reply(&self, reply: ReplyAttr, r: Result<Inode, Error>) {
+        match r {
+            Ok(i) => reply.attr(&self.opts.attr_ttl, &self.attr(&self.local(i))),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -191,7 +255,12 @@ impl TesseraFs {
         }
     }
 
-    fn file(&self, fh: FileHandle) -> Option<Arc<tokio::sync::Mutex<File>>> {
+    /// Files and directories are created for the calling process, not for the mount.
+    fn caller(&self, req: &Request) -> Client {
+        self.client.as_user(req.uid(), req.gid())
+    }
+
+    fn file(&self, fh: FileHandle) -> Option<Arc<OpenFile>> {
         self.files
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -199,24 +268,29 @@ impl TesseraFs {
             .cloned()
     }
 
-    fn keep(&self, f: File) -> u64 {
+    fn keep(&self, f: File, flags: i32) -> FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let handle = OpenFile {
+            ino: f.ino(),
+            file: tokio::sync::Mutex::new(f),
+            sync: flags & (libc::O_SYNC | libc::O_DSYNC) != 0,
+            unpublished: AtomicU64::new(0),
+        };
         self.files
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(fh, Arc::new(tokio::sync::Mutex::new(f)));
-        fh
+            .insert(fh, Arc::new(handle));
+        FileHandle(fh)
     }
 
     /// Stores everything written through `fh` and publishes its size (close, fsync).
-    fn flush_handle(&self, fh: FileHandle, reply: ReplyEmpty) {
-        let Some(f) = self.file(fh) else {
+    async fn flush_handle(&self, fh: FileHandle, reply: ReplyEmpty) {
+        let Some(h) = self.file(fh) else {
             return reply.error(Errno::EBADF);
         };
-        Self::empty(
-            reply,
-            self.rt.block_on(async { f.lock().await.flush().await }),
-        );
+        let r = h.file.lock().await.flush().await;
+        h.unpublished.store(0, Ordering::Relaxed);
+        Self::empty(reply, r);
     }
 
     fn open_flags(&self) -> FopenFlags {
@@ -249,7 +323,7 @@ impl Filesystem for TesseraFs {
         let _ = config.set_max_readahead(1 << 20);
         let _ = config.set_max_background(64);
         let mut want = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_ATOMIC_O_TRUNC;
-        if self.opts.writeback_cache {
+        if self.0.opts.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
         // Ask for each on its own: a kernel that lacks one still gets the others.
@@ -260,24 +334,22 @@ impl Filesystem for TesseraFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let r = self
-            .rt
-            .block_on(self.client.lookup(parent.0, name.as_bytes()));
-        self.entry(reply, r);
+        let name = self::name(name);
+        self.spawn(move |fs| async move {
+            let r = fs.client.lookup(parent.0, &name).await;
+            fs.entry(reply, r);
+        });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        let r = self.rt.block_on(async {
-            match fh.and_then(|fh| self.file(fh)) {
+        self.spawn(move |fs| async move {
+            let r = match fh.and_then(|fh| fs.file(fh)) {
                 // An open handle knows of writes not yet published.
-                Some(f) => f.lock().await.metadata().await,
-                None => self.client.getattr(ino.0).await,
-            }
+                Some(h) => h.file.lock().await.metadata().await,
+                None => fs.client.getattr(ino.0).await,
+            };
+            fs.attr_reply(reply, r);
         });
-        match r {
-            Ok(i) => reply.attr(&self.opts.attr_ttl, &self.attr(&i)),
-            Err(e) => reply.error(errno(&e)),
-        }
     }
 
     fn setattr(
@@ -298,114 +370,127 @@ impl Filesystem for TesseraFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let r = self.rt.block_on(async {
-            let mut attr = SetAttr {
-                mode: mode.map(|m| m & 0o7777),
-                uid,
-                gid,
-                size,
-                atime: set_time(atime),
-                mtime: set_time(mtime),
-                ctime: Timespec::now(),
-                parent: None,
-            };
-            if let (Some(size), Some(f)) = (size, fh.and_then(|fh| self.file(fh))) {
-                // Through the handle, so its buffered writes land before the cut.
-                f.lock().await.set_len(size).await?;
-                attr.size = None;
+        let mut attr = SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: set_time(atime),
+            mtime: set_time(mtime),
+            ctime: Timespec::now(),
+            parent: None,
+        };
+        self.spawn(move |fs| async move {
+            let r = async {
+                if let (Some(size), Some(h)) = (size, fh.and_then(|fh| fs.file(fh))) {
+                    // Through the handle, so its buffered writes land before the cut.
+                    h.file.lock().await.set_len(size).await?;
+                    attr.size = None;
+                }
+                if size.is_some() {
+                    fs.forget_unpublished(ino.0);
+                }
+                fs.client.setattr(ino.0, attr).await
             }
-            self.client.setattr(ino.0, attr).await
+            .await;
+            fs.attr_reply(reply, r);
         });
-        match r {
-            Ok(i) => reply.attr(&self.opts.attr_ttl, &self.attr(&i)),
-            Err(e) => reply.error(errno(&e)),
-        }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.rt.block_on(self.client.readlink(ino.0)) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.spawn(move |fs| async move {
+            match fs.client.readlink(ino.0).await {
+                Ok(t) => reply.data(&t),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn mknod(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        if mode & libc::S_IFMT != libc::S_IFREG {
-            // Devices, FIFOs and sockets have no place in a workflow's data store.
-            return reply.error(Errno::EPERM);
-        }
-        let r = self.rt.block_on(async {
-            let f = self
-                .client
-                .create(
-                    parent.0,
-                    name.as_bytes(),
-                    mode & !umask,
-                    true,
-                    &OpenOptions::create(),
-                )
-                .await?;
-            let attr = f.attr();
-            f.close().await?;
-            Ok(attr)
+        let special = match mode & libc::S_IFMT {
+            libc::S_IFREG => None,
+            libc::S_IFIFO => Some(FileKind::Fifo),
+            libc::S_IFSOCK => Some(FileKind::Socket),
+            // Stored so that tools copying a tree keep them; the mount is nodev, so they
+            // cannot be opened through it.
+            libc::S_IFCHR => Some(FileKind::CharDevice(rdev)),
+            libc::S_IFBLK => Some(FileKind::BlockDevice(rdev)),
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let (name, client) = (self::name(name), self.0.caller(req));
+        let perm = mode & !umask & 0o7777;
+        self.spawn(move |fs| async move {
+            let r = match special {
+                Some(kind) => client.mknod(parent.0, &name, kind, perm).await,
+                None => {
+                    async {
+                        let f = client
+                            .create(parent.0, &name, perm, true, &OpenOptions::create())
+                            .await?;
+                        let attr = f.attr();
+                        f.close().await?;
+                        Ok(attr)
+                    }
+                    .await
+                }
+            };
+            fs.entry(reply, r);
         });
-        self.entry(reply, r);
     }
 
     fn mkdir(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let r = self
-            .rt
-            .block_on(self.client.mkdir(parent.0, name.as_bytes(), mode & !umask));
-        self.entry(reply, r);
+        let (name, client) = (self::name(name), self.0.caller(req));
+        self.spawn(move |fs| async move {
+            let r = client.mkdir(parent.0, &name, mode & !umask).await;
+            fs.entry(reply, r);
+        });
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(
-            reply,
-            self.rt
-                .block_on(self.client.unlink(parent.0, name.as_bytes())),
-        );
+        let name = self::name(name);
+        self.spawn(move |fs| async move {
+            Fs::empty(reply, fs.client.unlink(parent.0, &name).await);
+        });
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(
-            reply,
-            self.rt
-                .block_on(self.client.rmdir(parent.0, name.as_bytes())),
-        );
+        let name = self::name(name);
+        self.spawn(move |fs| async move {
+            Fs::empty(reply, fs.client.rmdir(parent.0, &name).await);
+        });
     }
 
     fn symlink(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let r = self.rt.block_on(self.client.symlink(
-            parent.0,
-            name.as_bytes(),
-            target.as_os_str().as_bytes(),
-        ));
-        self.entry(reply, r);
+        let (name, client) = (self::name(name), self.0.caller(req));
+        let target = target.as_os_str().as_bytes().to_vec();
+        self.spawn(move |fs| async move {
+            let r = client.symlink(parent.0, &name, &target).await;
+            fs.entry(reply, r);
+        });
     }
 
     fn rename(
@@ -422,14 +507,14 @@ impl Filesystem for TesseraFs {
             return reply.error(Errno::EINVAL); // not supported (docs/SEMANTICS.md)
         }
         let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
-        let r = self.rt.block_on(self.client.rename(
-            parent.0,
-            name.as_bytes(),
-            newparent.0,
-            newname.as_bytes(),
-            noreplace,
-        ));
-        Self::empty(reply, r);
+        let (name, newname) = (self::name(name), self::name(newname));
+        self.spawn(move |fs| async move {
+            let r = fs
+                .client
+                .rename(parent.0, &name, newparent.0, &newname, noreplace)
+                .await;
+            Fs::empty(reply, r);
+        });
     }
 
     fn link(
@@ -440,25 +525,25 @@ impl Filesystem for TesseraFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let r = self
-            .rt
-            .block_on(self.client.link(ino.0, newparent.0, newname.as_bytes()));
-        self.entry(reply, r);
+        let newname = self::name(newname);
+        self.spawn(move |fs| async move {
+            let r = fs.client.link(ino.0, newparent.0, &newname).await;
+            fs.entry(reply, r);
+        });
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self
-            .rt
-            .block_on(self.client.open_ino(ino.0, &open_options(flags.0, 0)))
-        {
-            Ok(f) => reply.opened(FileHandle(self.keep(f)), self.open_flags()),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.spawn(move |fs| async move {
+            match fs.client.open_ino(ino.0, &open_options(flags.0, 0)).await {
+                Ok(f) => reply.opened(fs.keep(f, flags.0), fs.open_flags()),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -466,28 +551,21 @@ impl Filesystem for TesseraFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let (name, client) = (self::name(name), self.0.caller(req));
         let exclusive = flags & libc::O_EXCL != 0;
-        let opts = open_options(flags, mode & !umask);
-        match self.rt.block_on(self.client.create(
-            parent.0,
-            name.as_bytes(),
-            mode & !umask,
-            exclusive,
-            &opts,
-        )) {
-            Ok(f) => {
-                let attr = self.attr(&f.attr());
-                let fh = self.keep(f);
-                reply.created(
-                    &self.opts.attr_ttl,
-                    &attr,
-                    Generation(0),
-                    FileHandle(fh),
-                    self.open_flags(),
-                );
+        let mode = mode & !umask;
+        self.spawn(move |fs| async move {
+            let opts = open_options(flags, mode);
+            match client.create(parent.0, &name, mode, exclusive, &opts).await {
+                Ok(f) => {
+                    let attr = fs.attr(&f.attr());
+                    let fh = fs.keep(f, flags);
+                    let ttl = fs.opts.attr_ttl;
+                    reply.created(&ttl, &attr, Generation(0), fh, fs.open_flags());
+                }
+                Err(e) => reply.error(errno(&e)),
             }
-            Err(e) => reply.error(errno(&e)),
-        }
+        });
     }
 
     fn read(
@@ -501,16 +579,16 @@ impl Filesystem for TesseraFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let Some(f) = self.file(fh) else {
-            return reply.error(Errno::EBADF);
-        };
-        match self
-            .rt
-            .block_on(async { f.lock().await.read_at(offset, size as usize).await })
-        {
-            Ok(data) => reply.data(&data),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.spawn(move |fs| async move {
+            let Some(h) = fs.file(fh) else {
+                return reply.error(Errno::EBADF);
+            };
+            let r = h.file.lock().await.read_at(offset, size as usize).await;
+            match r {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn write(
@@ -525,13 +603,20 @@ impl Filesystem for TesseraFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let Some(f) = self.file(fh) else {
+        let Some(h) = self.0.file(fh) else {
             return reply.error(Errno::EBADF);
         };
-        match self
-            .rt
-            .block_on(async { f.lock().await.write_at(offset, data).await })
-        {
+        let r = self.0.rt.block_on(async {
+            let mut f = h.file.lock().await;
+            let n = f.write_at(offset, data).await?;
+            if h.sync {
+                f.flush().await?;
+            } else {
+                h.unpublished.store(f.len(), Ordering::Relaxed);
+            }
+            Ok::<_, Error>(n)
+        });
+        match r {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),
         }
@@ -546,9 +631,11 @@ impl Filesystem for TesseraFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.flush_handle(fh, reply);
+        self.spawn(move |fs| async move { fs.flush_handle(fh, reply).await });
     }
 
+    /// fsync and fdatasync alike: the servers keep data in memory, so "stored" means stored
+    /// there, with the size published.
     fn fsync(
         &self,
         _req: &Request,
@@ -557,7 +644,7 @@ impl Filesystem for TesseraFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.flush_handle(fh, reply);
+        self.spawn(move |fs| async move { fs.flush_handle(fh, reply).await });
     }
 
     fn release(
@@ -570,7 +657,8 @@ impl Filesystem for TesseraFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let Some(f) = self
+        let Some(h) = self
+            .0
             .files
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -578,41 +666,75 @@ impl Filesystem for TesseraFs {
         else {
             return reply.error(Errno::EBADF);
         };
-        let r = self.rt.block_on(async move {
-            match Arc::try_unwrap(f) {
-                Ok(m) => m.into_inner().close().await,
-                // A request still holds it (cannot happen after release): it closes on drop.
-                Err(_) => Ok(()),
-            }
+        self.spawn(move |_| async move {
+            // In place: a request that finished with the handle may still hold a reference.
+            Fs::empty(reply, h.file.lock().await.finish().await);
         });
-        Self::empty(reply, r);
+    }
+
+    /// Extends the size (mode 0) or does nothing (`KEEP_SIZE`); memory is not reserved ahead,
+    /// so a later write can still fail with ENOSPC (docs/SEMANTICS.md). Punching holes and
+    /// the other modes are refused with EOPNOTSUPP.
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        let Some(end) = offset.checked_add(length) else {
+            return reply.error(Errno::EFBIG);
+        };
+        self.spawn(move |fs| async move {
+            let Some(h) = fs.file(fh) else {
+                return reply.error(Errno::EBADF);
+            };
+            let r = async {
+                let mut f = h.file.lock().await;
+                if mode == 0 && end > f.len() {
+                    f.set_len(end).await?;
+                }
+                Ok(())
+            }
+            .await;
+            Fs::empty(reply, r);
+        });
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let r = self.rt.block_on(async {
-            let dir = self.client.getattr(ino.0).await?;
-            let entries = self.client.readdir_all(ino.0).await?;
-            let mut list: Listing = Vec::with_capacity(entries.len() + 2);
-            list.push((b".".to_vec(), dir.ino, FileType::Directory));
-            list.push((b"..".to_vec(), dir.parent.max(1), FileType::Directory));
-            list.extend(
-                entries
-                    .into_iter()
-                    .map(|(n, e): (Name, DirEntry)| (n, e.ino, file_type(e.kind))),
-            );
-            Ok::<_, Error>(list)
-        });
-        match r {
-            Ok(list) => {
-                let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-                self.dirs
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(fh, Arc::new(list));
-                reply.opened(FileHandle(fh), FopenFlags::empty());
+        self.spawn(move |fs| async move {
+            let r = async {
+                let dir = fs.client.getattr(ino.0).await?;
+                let entries = fs.client.readdir_all(ino.0).await?;
+                let mut list: Listing = Vec::with_capacity(entries.len() + 2);
+                list.push((b".".to_vec(), dir.ino, FileType::Directory));
+                list.push((b"..".to_vec(), dir.parent.max(1), FileType::Directory));
+                list.extend(
+                    entries
+                        .into_iter()
+                        .map(|(n, e): (Name, DirEntry)| (n, e.ino, file_type(e.kind))),
+                );
+                Ok::<_, Error>(list)
             }
-            Err(e) => reply.error(errno(&e)),
-        }
+            .await;
+            match r {
+                Ok(list) => {
+                    let fh = fs.next_fh.fetch_add(1, Ordering::Relaxed);
+                    fs.dirs
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(fh, Arc::new(list));
+                    reply.opened(FileHandle(fh), FopenFlags::empty());
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn readdir(
@@ -624,6 +746,7 @@ impl Filesystem for TesseraFs {
         mut reply: ReplyDirectory,
     ) {
         let Some(list) = self
+            .0
             .dirs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -648,7 +771,8 @@ impl Filesystem for TesseraFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.dirs
+        self.0
+            .dirs
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&fh.0);
@@ -656,24 +780,26 @@ impl Filesystem for TesseraFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.rt.block_on(self.client.usage()) {
-            Ok(u) => {
-                const FRSIZE: u64 = 4096;
-                let free = u.capacity.saturating_sub(u.used) / FRSIZE;
-                // Inodes are not preallocated: report what the free memory could hold.
-                let ffree = u.capacity.saturating_sub(u.used) / 512;
-                reply.statfs(
-                    u.capacity / FRSIZE,
-                    free,
-                    free,
-                    u.inodes + ffree,
-                    ffree,
-                    self.client.stripe_size(),
-                    255,
-                    FRSIZE as u32,
-                );
+        self.spawn(move |fs| async move {
+            match fs.client.usage().await {
+                Ok(u) => {
+                    const FRSIZE: u64 = 4096;
+                    let free = u.capacity.saturating_sub(u.used) / FRSIZE;
+                    // Inodes are not preallocated: report what the free memory could hold.
+                    let ffree = u.capacity.saturating_sub(u.used) / 512;
+                    reply.statfs(
+                        u.capacity / FRSIZE,
+                        free,
+                        free,
+                        u.inodes + ffree,
+                        ffree,
+                        fs.client.stripe_size(),
+                        255,
+                        FRSIZE as u32,
+                    );
+                }
+                Err(e) => reply.error(errno(&e)),
             }
-            Err(e) => reply.error(errno(&e)),
-        }
+        });
     }
 }

@@ -70,6 +70,13 @@ pub enum FileKind {
     File,
     Dir,
     Symlink,
+    /// Named pipes, sockets and device nodes: only a name and attributes here; each node's
+    /// kernel carries their data locally (a FIFO does not connect processes on two nodes).
+    Fifo,
+    Socket,
+    /// With the device number (`rdev`).
+    CharDevice(u32),
+    BlockDevice(u32),
 }
 
 /// An inode: lives in the partition [`tessera_placement::meta_partition`] of its number.

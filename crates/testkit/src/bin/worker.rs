@@ -137,6 +137,9 @@ impl Session {
                     FileKind::File => "file",
                     FileKind::Dir => "dir",
                     FileKind::Symlink => "symlink",
+                    FileKind::Fifo => "fifo",
+                    FileKind::Socket => "socket",
+                    FileKind::CharDevice(_) | FileKind::BlockDevice(_) => "device",
                 };
                 json!({"ino": i.ino, "size": i.size, "kind": kind, "nlink": i.nlink, "mode": i.mode,
                        "mtime": [i.mtime.secs, i.mtime.nanos]})

@@ -1,0 +1,465 @@
+"""Every file operation a workflow uses, through a Tessera FUSE mount, with Python's standard
+library only: what unmodified programs see.
+
+Run by scripts/test-mount.sh, which mounts one cluster twice and sets TESSERA_MOUNT and
+TESSERA_MOUNT2 (two mount processes, as on two nodes) and TESSERA_CAPACITY (bytes).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import random
+import shutil
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+MIB = 1 << 20
+STRIPE = MIB
+NOBODY = 65534
+
+
+def _mount(var: str) -> Path:
+    value = os.environ.get(var)
+    if not value:
+        pytest.skip(f"{var} is not set (run scripts/test-mount.sh)")
+    return Path(value)
+
+
+@pytest.fixture
+def d() -> Iterator[Path]:
+    """A fresh directory on the first mount, removed afterwards."""
+    path = _mount("TESSERA_MOUNT") / f"t-{uuid.uuid4().hex[:12]}"
+    path.mkdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def other(d: Path) -> Path:
+    """The same directory as seen through the second mount."""
+    return _mount("TESSERA_MOUNT2") / d.name
+
+
+def pattern(n: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+def expect_errno(code: int, fn: Callable[[], object]) -> None:
+    with pytest.raises(OSError) as info:
+        fn()
+    assert info.value.errno == code, f"expected {errno.errorcode[code]}, got {info.value!r}"
+
+
+def as_user(uid: int, code: str) -> subprocess.CompletedProcess[str]:
+    """Runs Python `code` in a child process with uid and gid `uid`."""
+    def drop() -> None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+
+    # The system interpreter: a virtualenv's may live where that user cannot reach.
+    return subprocess.run(
+        ["/usr/bin/python3", "-c", code], preexec_fn=drop, capture_output=True, text=True, timeout=60
+    )
+
+
+# Create, open flags, read and write.
+
+
+def test_create_write_read_sizes(d: Path) -> None:
+    for size in [0, 1, STRIPE - 1, STRIPE, STRIPE + 1, 5 * STRIPE + 12345]:
+        data = pattern(size, size)
+        p = d / f"f{size}"
+        p.write_bytes(data)
+        assert p.stat().st_size == size
+        assert p.read_bytes() == data
+
+
+def test_open_excl_trunc_append(d: Path) -> None:
+    p = d / "f"
+    fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640)
+    os.write(fd, b"hello world")
+    os.close(fd)
+    assert stat.S_IMODE(p.stat().st_mode) == 0o640
+    expect_errno(errno.EEXIST, lambda: os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    fd = os.open(p, os.O_WRONLY | os.O_APPEND)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, b"!")  # O_APPEND writes at the end whatever the offset
+    os.close(fd)
+    assert p.read_bytes() == b"hello world!"
+    fd = os.open(p, os.O_WRONLY | os.O_TRUNC)
+    assert os.fstat(fd).st_size == 0
+    os.write(fd, b"new")
+    os.close(fd)
+    assert p.read_bytes() == b"new"
+    fd = os.open(p, os.O_RDWR | os.O_CREAT)  # existing file, no O_EXCL: opened as it is
+    assert os.read(fd, 10) == b"new"
+    os.close(fd)
+
+
+def test_pread_pwrite_any_offset_and_holes(d: Path) -> None:
+    p = d / "sparse"
+    fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)
+    offsets = [0, 1, 4095, STRIPE - 3, STRIPE, 3 * STRIPE + 17, 10 * STRIPE - 1]
+    model = bytearray()
+    for i, off in enumerate(offsets):
+        chunk = pattern(5000 + i, i)
+        assert os.pwrite(fd, chunk, off) == len(chunk)
+        if len(model) < off + len(chunk):
+            model.extend(bytes(off + len(chunk) - len(model)))
+        model[off : off + len(chunk)] = chunk
+    assert os.fstat(fd).st_size == len(model)
+    for off in [0, 2, STRIPE - 10, 2 * STRIPE, 3 * STRIPE + 10, len(model) - 7]:
+        assert os.pread(fd, 20000, off) == bytes(model[off : off + 20000])
+    assert os.pread(fd, 10, len(model) + 5) == b""
+    os.close(fd)
+    assert p.read_bytes() == bytes(model)
+
+
+def test_truncate_and_ftruncate(d: Path) -> None:
+    p = d / "t"
+    data = pattern(3 * STRIPE, 3)
+    p.write_bytes(data)
+    os.truncate(p, STRIPE + 5)
+    assert p.read_bytes() == data[: STRIPE + 5]
+    with open(p, "r+b") as f:
+        f.truncate(4 * STRIPE)
+        f.seek(0)
+        assert f.read() == data[: STRIPE + 5] + bytes(4 * STRIPE - STRIPE - 5)
+        f.truncate(0)
+    assert p.stat().st_size == 0
+
+
+def test_fsync_fdatasync_and_o_dsync_visible_elsewhere(d: Path, other: Path) -> None:
+    fd = os.open(d / "s", os.O_CREAT | os.O_WRONLY, 0o644)
+    os.write(fd, b"a" * 1000)
+    os.fsync(fd)
+    assert (other / "s").read_bytes() == b"a" * 1000  # stored and published, still open
+    os.write(fd, b"b" * 10)
+    os.fdatasync(fd)
+    assert (other / "s").stat().st_size == 1010
+    os.close(fd)
+    fd = os.open(d / "ds", os.O_CREAT | os.O_WRONLY | os.O_DSYNC, 0o644)
+    os.write(fd, b"synced")
+    assert (other / "ds").read_bytes() == b"synced"  # no fsync, no close
+    os.close(fd)
+
+
+def test_stat_sees_own_unclosed_writes(d: Path) -> None:
+    fd = os.open(d / "grow", os.O_CREAT | os.O_WRONLY, 0o644)
+    os.pwrite(fd, b"xyz", 2 * STRIPE)
+    assert (d / "grow").stat().st_size == 2 * STRIPE + 3
+    os.close(fd)
+
+
+# Directories and names.
+
+
+def test_mkdir_rmdir_readdir(d: Path) -> None:
+    names = {f"n{i:04}" for i in range(300)}
+    for n in names:
+        (d / n).write_bytes(n.encode())
+    (d / "sub").mkdir(0o750)
+    assert set(os.listdir(d)) == names | {"sub"}
+    kinds = {e.name: e.is_dir() for e in os.scandir(d)}
+    assert kinds["sub"] and not kinds["n0000"]
+    (d / "sub" / "x").write_bytes(b"")
+    expect_errno(errno.ENOTEMPTY, lambda: os.rmdir(d / "sub"))
+    os.unlink(d / "sub" / "x")
+    os.rmdir(d / "sub")
+    expect_errno(errno.ENOENT, lambda: os.rmdir(d / "sub"))
+    assert os.stat(d).st_nlink == 2
+
+
+def test_rename_cases(d: Path) -> None:
+    (d / "a").write_bytes(b"A")
+    (d / "b").write_bytes(b"B")
+    os.rename(d / "a", d / "b")  # over an existing file
+    assert (d / "b").read_bytes() == b"A" and not (d / "a").exists()
+    (d / "x").mkdir()
+    (d / "y").mkdir()
+    os.rename(d / "b", d / "x" / "moved")  # across directories
+    assert (d / "x" / "moved").read_bytes() == b"A"
+    os.rename(d / "x", d / "y")  # a directory over an empty one
+    assert (d / "y" / "moved").exists() and not (d / "x").exists()
+    expect_errno(errno.EINVAL, lambda: os.rename(d / "y", d / "y" / "inside"))
+    (d / "z").mkdir()
+    (d / "z" / "keep").write_bytes(b"")
+    expect_errno(errno.ENOTEMPTY, lambda: os.rename(d / "y", d / "z"))
+    (d / "f").write_bytes(b"")
+    expect_errno(errno.EISDIR, lambda: os.rename(d / "f", d / "z"))
+    expect_errno(errno.ENOTDIR, lambda: os.rename(d / "z", d / "f"))
+
+
+def test_rename_across_file_systems_is_exdev(d: Path, tmp_path: Path) -> None:
+    (d / "f").write_bytes(b"data")
+    expect_errno(errno.EXDEV, lambda: os.rename(d / "f", tmp_path / "f"))
+    shutil.move(d / "f", tmp_path / "f")  # what mv does on EXDEV: copy, then unlink
+    assert (tmp_path / "f").read_bytes() == b"data" and not (d / "f").exists()
+
+
+def test_unlink_while_open(d: Path) -> None:
+    p = d / "tmp"
+    fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o600)
+    os.write(fd, pattern(2 * STRIPE, 9))
+    os.unlink(p)
+    assert not p.exists()
+    os.write(fd, b"more")  # the file lives on while open
+    assert os.pread(fd, 2 * STRIPE + 4, 0) == pattern(2 * STRIPE, 9) + b"more"
+    assert os.fstat(fd).st_size == 2 * STRIPE + 4
+    os.close(fd)
+    assert os.listdir(d) == []
+
+
+def test_symlink_readlink_and_hard_links(d: Path) -> None:
+    (d / "target").write_bytes(b"T")
+    os.symlink("target", d / "link")
+    assert os.readlink(d / "link") == "target"
+    assert (d / "link").read_bytes() == b"T"
+    assert stat.S_ISLNK(os.lstat(d / "link").st_mode)
+    os.symlink("missing", d / "dangling")
+    expect_errno(errno.ENOENT, lambda: (d / "dangling").read_bytes())
+    os.link(d / "target", d / "hard")
+    assert os.stat(d / "target").st_nlink == 2
+    assert os.stat(d / "hard").st_ino == os.stat(d / "target").st_ino
+    with open(d / "hard", "ab") as f:
+        f.write(b"2")
+    assert (d / "target").read_bytes() == b"T2"
+    os.unlink(d / "target")
+    assert os.stat(d / "hard").st_nlink == 1 and (d / "hard").read_bytes() == b"T2"
+    expect_errno(errno.EPERM, lambda: os.link(d, d / "dirlink"))
+
+
+def test_fifo_and_special_files(d: Path) -> None:
+    os.mkfifo(d / "pipe", 0o600)
+    assert stat.S_ISFIFO(os.stat(d / "pipe").st_mode)
+    r = os.open(d / "pipe", os.O_RDONLY | os.O_NONBLOCK)
+    w = os.open(d / "pipe", os.O_WRONLY)
+    os.write(w, b"through the kernel")
+    assert os.read(r, 100) == b"through the kernel"
+    os.close(w)
+    os.close(r)
+
+
+# Attributes.
+
+
+def test_chmod_chown_utimens(d: Path) -> None:
+    p = d / "f"
+    p.write_bytes(b"x")
+    os.chmod(p, 0o4751)
+    assert stat.S_IMODE(p.stat().st_mode) == 0o4751
+    os.chown(p, 1234, 5678)
+    st = p.stat()
+    assert (st.st_uid, st.st_gid) == (1234, 5678)
+    ns = 1_600_000_000_123_456_789
+    os.utime(p, ns=(ns, ns + 1))
+    st = p.stat()
+    assert st.st_atime_ns == ns and st.st_mtime_ns == ns + 1
+    before = time.time_ns()
+    os.utime(p)
+    assert p.stat().st_mtime_ns >= before - 10_000_000
+
+
+def test_statfs_reports_cluster_capacity(d: Path) -> None:
+    capacity = int(os.environ.get("TESSERA_CAPACITY", "0"))
+    s = os.statvfs(d)
+    total = s.f_blocks * s.f_frsize
+    if capacity:
+        assert total == capacity
+    assert s.f_namemax == 255
+    free = s.f_bavail * s.f_frsize
+    (d / "big").write_bytes(pattern(64 * MIB, 1))
+    # Use is reported with the servers' heartbeats (every 500 ms).
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        s = os.statvfs(d)
+        if free - s.f_bavail * s.f_frsize >= 60 * MIB:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"free space went from {free} to {s.f_bavail * s.f_frsize} after a 64 MiB write")
+
+
+def test_mtime_exact_enough_for_make(d: Path) -> None:
+    (d / "Makefile").write_text("out: in\n\tcp in out\n")
+    (d / "in").write_text("1")
+    run = lambda: subprocess.run(["make", "-s", "-C", str(d)], capture_output=True, text=True, check=True)
+    run()
+    assert (d / "out").read_text() == "1"
+    assert "up to date" in subprocess.run(
+        ["make", "-C", str(d)], capture_output=True, text=True, check=True
+    ).stdout
+    time.sleep(0.01)  # well below a second: make compares nanoseconds
+    (d / "in").write_text("2")
+    run()
+    assert (d / "out").read_text() == "2"
+
+
+# Memory maps.
+
+
+def test_mmap_read_and_shared_write(d: Path, other: Path) -> None:
+    size = 3 * STRIPE + 100
+    data = bytearray(pattern(size, 5))
+    p = d / "db"
+    p.write_bytes(data)
+    with open(p, "r+b") as f:
+        with mmap.mmap(f.fileno(), 0) as m:
+            assert m[STRIPE - 5 : STRIPE + 5] == data[STRIPE - 5 : STRIPE + 5]
+            for off in [0, STRIPE - 2, 2 * STRIPE + 7, size - 1]:
+                m[off : off + 1] = b"\xff"
+                data[off] = 0xFF
+            m.flush()
+    assert p.read_bytes() == bytes(data)
+    assert (other / "db").read_bytes() == bytes(data)
+
+
+def test_mmap_extends_after_ftruncate(d: Path) -> None:
+    p = d / "grow.db"
+    with open(p, "w+b") as f:
+        f.truncate(2 * STRIPE)
+        with mmap.mmap(f.fileno(), 2 * STRIPE) as m:
+            m[STRIPE : STRIPE + 4] = b"page"
+            m.flush()
+    assert p.read_bytes()[STRIPE : STRIPE + 4] == b"page"
+
+
+# Locks: honoured between processes of one mount (the kernel keeps them; docs/SEMANTICS.md).
+
+
+LOCK_CHILD = """
+import fcntl, sys
+f = open(sys.argv[1], "r+b")
+try:
+    {call}
+except OSError as e:
+    print("busy", e.errno)
+else:
+    print("got")
+"""
+
+
+def _child_lock(path: Path, call: str) -> str:
+    code = LOCK_CHILD.format(call=call)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()[0]
+
+
+def test_posix_byte_range_locks_between_processes(d: Path) -> None:
+    p = d / "locked"
+    p.write_bytes(bytes(100))
+    with open(p, "r+b") as f:
+        fcntl.lockf(f, fcntl.LOCK_EX, 10, 0)  # bytes 0-9
+        assert _child_lock(p, "fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 0)") == "busy"
+        assert _child_lock(p, "fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 50)") == "got"
+        fcntl.lockf(f, fcntl.LOCK_UN, 10, 0)
+        assert _child_lock(p, "fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 0)") == "got"
+
+
+def test_flock_between_processes(d: Path) -> None:
+    p = d / "flocked"
+    p.write_bytes(b"")
+    with open(p, "r+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        assert _child_lock(p, "fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)") == "busy"
+        fcntl.flock(f, fcntl.LOCK_UN)
+        assert _child_lock(p, "fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)") == "got"
+
+
+# Errors.
+
+
+def test_posix_errors(d: Path) -> None:
+    (d / "file").write_bytes(b"")
+    (d / "dir").mkdir()
+    expect_errno(errno.ENOENT, lambda: os.stat(d / "nope"))
+    expect_errno(errno.ENOENT, lambda: os.open(d / "nope" / "x", os.O_CREAT | os.O_WRONLY))
+    expect_errno(errno.EEXIST, lambda: os.mkdir(d / "dir"))
+    expect_errno(errno.EEXIST, lambda: os.mkdir(d / "file"))
+    expect_errno(errno.EISDIR, lambda: os.open(d / "dir", os.O_WRONLY))
+    expect_errno(errno.EISDIR, lambda: os.unlink(d / "dir"))
+    expect_errno(errno.ENOTDIR, lambda: os.stat(d / "file" / "x"))
+    expect_errno(errno.ENOTDIR, lambda: os.rmdir(d / "file"))
+    expect_errno(errno.ENOTDIR, lambda: os.listdir(d / "file"))
+    expect_errno(errno.ENAMETOOLONG, lambda: (d / ("n" * 256)).write_bytes(b""))
+    (d / ("n" * 255)).write_bytes(b"")  # the longest name is fine
+
+
+def test_enospc_keeps_other_files_and_space_comes_back(d: Path) -> None:
+    capacity = int(os.environ.get("TESSERA_CAPACITY", "0"))
+    if not capacity or capacity > 4 << 30:
+        pytest.skip("needs a small cluster: TESSERA_CAPACITY of at most 4 GiB")
+    keep = pattern(3 * STRIPE, 2)
+    (d / "keep").write_bytes(keep)
+    chunk = pattern(STRIPE, 4)
+    with pytest.raises(OSError) as info:
+        with open(d / "fill", "wb") as f:
+            for _ in range(capacity // STRIPE + 64):
+                f.write(chunk)
+    assert info.value.errno == errno.ENOSPC
+    assert (d / "keep").read_bytes() == keep
+    os.unlink(d / "fill")
+    (d / "after").write_bytes(pattern(64 * MIB, 3))
+    assert (d / "after").read_bytes() == pattern(64 * MIB, 3)
+
+
+def test_permissions_enforced_for_other_users(d: Path) -> None:
+    os.chmod(d, 0o755)
+    (d / "private").write_bytes(b"secret")
+    os.chmod(d / "private", 0o600)
+    (d / "public").write_bytes(b"hello")
+    os.chmod(d / "public", 0o644)
+    code = f"""
+import errno, os
+def e(f):
+    try:
+        f()
+    except OSError as x:
+        return errno.errorcode[x.errno]
+    return "ok"
+d = {str(d)!r}
+print(e(lambda: open(d + "/private", "rb").read()))
+print(e(lambda: open(d + "/public", "rb").read()))
+print(e(lambda: open(d + "/public", "ab")))
+print(e(lambda: open(d + "/new", "wb")))
+print(e(lambda: os.chmod(d + "/public", 0o777)))
+print(e(lambda: os.chown(d + "/public", {NOBODY}, {NOBODY})))
+"""
+    out = as_user(NOBODY, code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["EACCES", "ok", "EACCES", "EACCES", "EPERM", "EPERM"]
+    # In a directory the user may write to, its files are its own.
+    os.chmod(d, 0o1777)
+    out = as_user(NOBODY, f"open({str(d / 'mine')!r}, 'wb').write(b'x')")
+    assert out.returncode == 0, out.stderr
+    st = (d / "mine").stat()
+    assert (st.st_uid, st.st_gid) == (NOBODY, NOBODY)
+
+
+# Two mounts (two nodes): close-to-open.
+
+
+def test_two_mounts_see_each_others_closed_files(d: Path, other: Path) -> None:
+    data = pattern(2 * STRIPE + 3, 77)
+    (d / "from-a").write_bytes(data)
+    assert (other / "from-a").read_bytes() == data
+    (other / "from-b").write_bytes(b"b side")
+    assert (d / "from-b").read_bytes() == b"b side"
+    (other / "from-a").write_bytes(b"shorter")  # rewritten elsewhere, reopened here
+    assert (d / "from-a").read_bytes() == b"shorter"
+    os.unlink(other / "from-b")
+    assert not (d / "from-b").exists()
+    assert sorted(os.listdir(d)) == sorted(os.listdir(other)) == ["from-a"]
