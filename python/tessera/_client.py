@@ -288,7 +288,8 @@ class Client:
         return self._inner.get_many([(rp, os.fspath(lp)) for rp, lp in pairs], concurrency)
 
     def __repr__(self) -> str:
-        return f"<tessera.Client manager={self.manager}>"
+        inner = getattr(self, "_inner", None)
+        return f"<tessera.Client manager={inner.manager if inner else None}>"
 
 
 def raise_first(outcomes: Sequence[Optional[BaseException]]) -> None:

@@ -168,11 +168,15 @@ class LocalCluster:
         while not cluster_file.exists():
             code = self._proc.poll()
             if code is not None:
-                self._proc = None
-                raise RuntimeError(f"tessera up exited with status {code}: {self.log()}")
-            if time.monotonic() > deadline:
+                log_text = self.log().strip()
                 self.stop()
-                raise TimeoutError(f"the cluster was not ready within {self.timeout} s")
+                raise RuntimeError(f"tessera up exited with status {code}: {log_text}")
+            if time.monotonic() > deadline:
+                log_text = self.log().strip()
+                self.stop()
+                raise TimeoutError(
+                    f"the cluster was not ready within {self.timeout} s: {log_text}"
+                )
             time.sleep(0.05)
         found = _read_cluster_file(cluster_file)
         self.manager = found.get("manager", manager)

@@ -162,6 +162,7 @@ class TesseraFileSystem(AbstractFileSystem):  # type: ignore[misc]
         if self.client.isdir(src):
             self.makedirs(dst, exist_ok=True)
             return
+        self.makedirs(self._parent(dst), exist_ok=True)
         self.client.copy(src, dst)
 
     def created(self, path: str) -> Any:

@@ -142,7 +142,7 @@ fn open_options(mode: &str) -> PyResult<OpenOptions> {
     let plus = mode.contains('+');
     if !mode.chars().all(|c| "rwaxb+".contains(c))
         || mode.chars().filter(|c| "rwax".contains(*c)).count() != 1
-        || mode.matches('b').count() > 1
+        || mode.matches('b').count() != 1
         || mode.matches('+').count() > 1
     {
         return Err(bad());
