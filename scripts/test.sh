@@ -10,3 +10,5 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # Integration tests look for the binaries next to themselves.
 cargo build --workspace --bins --locked
 cargo test --workspace --locked --no-fail-fast
+# The Python package (PyO3 extension, fsspec file system) against real local clusters.
+./scripts/test-python.sh

@@ -46,7 +46,7 @@ class TesseraFile(io.RawIOBase):
         return self._raw.path
 
     @property
-    def name(self) -> str:  # type: ignore[override]
+    def name(self) -> str:
         return self._raw.path
 
     @property
@@ -194,13 +194,13 @@ class Client:
 
     def isdir(self, path: str) -> bool:
         try:
-            return self._inner.info(path)["type"] == "directory"
+            return bool(self._inner.info(path)["type"] == "directory")
         except (FileNotFoundError, NotADirectoryError):
             return False
 
     def isfile(self, path: str) -> bool:
         try:
-            return self._inner.info(path)["type"] == "file"
+            return bool(self._inner.info(path)["type"] == "file")
         except (FileNotFoundError, NotADirectoryError):
             return False
 

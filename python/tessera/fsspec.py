@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from fsspec.callbacks import DEFAULT_CALLBACK, Callback
 from fsspec.spec import AbstractFileSystem
@@ -149,12 +149,13 @@ class TesseraFileSystem(AbstractFileSystem):  # type: ignore[misc]
                 return
             if self.client.isdir(src) and not recursive:
                 # fsspec moves a directory only when asked to (copy semantics)
-                return super().mv(path1, path2, recursive=recursive, maxdepth=maxdepth)
+                super().mv(path1, path2, recursive=recursive, maxdepth=maxdepth)
+                return
             if self.client.isdir(dst):
                 dst = dst.rstrip("/") + "/" + src.rsplit("/", 1)[-1]
             self.client.mv(src, dst)
-            return None
-        return super().mv(path1, path2, recursive=recursive, maxdepth=maxdepth, **kwargs)
+            return
+        super().mv(path1, path2, recursive=recursive, maxdepth=maxdepth, **kwargs)
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
         src = self._strip_protocol(path1)
@@ -297,7 +298,7 @@ class TesseraFileSystem(AbstractFileSystem):  # type: ignore[misc]
         raise_first(self.client.put_many([(lpath, rpath)]))
 
     def put(self, lpath: Any, rpath: Any, recursive: bool = False, **kwargs: Any) -> None:
-        return self._batched("put", lpath, rpath, recursive, **kwargs)
+        self._batched("put", lpath, rpath, recursive, **kwargs)
 
     def get_file(
         self,
@@ -331,7 +332,7 @@ class TesseraFileSystem(AbstractFileSystem):  # type: ignore[misc]
         raise_first(self.client.get_many([(rpath, lpath)]))
 
     def get(self, rpath: Any, lpath: Any, recursive: bool = False, **kwargs: Any) -> None:
-        return self._batched("get", rpath, lpath, recursive, **kwargs)
+        self._batched("get", rpath, lpath, recursive, **kwargs)
 
     def _batched(self, op: str, src: Any, dst: Any, recursive: bool, **kwargs: Any) -> None:
         if self._pending() is not None:  # nested: let the outer call batch
@@ -362,5 +363,3 @@ class TesseraFileSystem(AbstractFileSystem):  # type: ignore[misc]
 def _make(cls: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
     return cls(*args, **kwargs)
 
-
-Number = Union[int, float]
