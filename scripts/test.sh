@@ -10,5 +10,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # Integration tests look for the binaries next to themselves.
 cargo build --workspace --bins --locked
 cargo test --workspace --locked --no-fail-fast
+# The Python package (PyO3 extension, fsspec file system) against real local clusters.
+./scripts/test-python.sh
 # The FUSE mount under POSIX suites, fsx and a shell workflow (needs root and /dev/fuse).
 TESSERA_BIN=$PWD/target/debug/tessera ./scripts/test-mount.sh
