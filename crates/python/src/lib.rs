@@ -114,6 +114,10 @@ pub(crate) fn inode_dict<'py>(
         FileKind::File => ("file", libc::S_IFREG),
         FileKind::Dir => ("directory", libc::S_IFDIR),
         FileKind::Symlink => ("link", libc::S_IFLNK),
+        FileKind::Fifo => ("other", libc::S_IFIFO),
+        FileKind::Socket => ("other", libc::S_IFSOCK),
+        FileKind::CharDevice(_) => ("other", libc::S_IFCHR),
+        FileKind::BlockDevice(_) => ("other", libc::S_IFBLK),
     };
     d.set_item("name", name)?;
     d.set_item("size", if i.kind == FileKind::Dir { 0 } else { i.size })?;
