@@ -461,5 +461,19 @@ def test_two_mounts_see_each_others_closed_files(d: Path, other: Path) -> None:
     (other / "from-a").write_bytes(b"shorter")  # rewritten elsewhere, reopened here
     assert (d / "from-a").read_bytes() == b"shorter"
     os.unlink(other / "from-b")
-    assert not (d / "from-b").exists()
     assert sorted(os.listdir(d)) == sorted(os.listdir(other)) == ["from-a"]
+    # A name this mount cached may stat for up to the attribute cache time (1 s), as on NFS;
+    # opening it fails at once.
+    expect_errno(errno.ENOENT, lambda: open(d / "from-b", "rb"))
+    deadline = time.monotonic() + 5
+    while (d / "from-b").exists():
+        assert time.monotonic() < deadline, "a deleted name stayed visible for 5 s"
+        time.sleep(0.05)
+
+
+def test_replaced_file_is_seen_at_open(d: Path, other: Path) -> None:
+    (d / "target").write_bytes(b"old")
+    assert (d / "target").stat().st_size == 3  # cached here
+    (other / "tmp").write_bytes(b"new contents")
+    os.rename(other / "tmp", other / "target")  # atomic replace on the other node
+    assert (d / "target").read_bytes() == b"new contents"

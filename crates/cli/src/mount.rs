@@ -21,9 +21,9 @@ pub struct MountArgs {
     /// Let the kernel gather small writes (faster small writes; see docs/SEMANTICS.md).
     #[arg(long)]
     pub writeback_cache: bool,
-    /// Seconds the kernel may cache attributes and names: faster stats, but another node's
-    /// closed writes may go unseen that long (0 keeps close-to-open).
-    #[arg(long, default_value_t = 0.0)]
+    /// Seconds the kernel may cache attributes and names: `stat` may show another node's
+    /// changes this late; opens always revalidate (close-to-open). 0 disables the cache.
+    #[arg(long, default_value_t = 1.0)]
     pub attr_cache: f64,
 }
 

@@ -8,15 +8,18 @@
 //! its bytes are borrowed from the kernel's buffer and copied once, into the stripe buffer, and
 //! the client returns as soon as they are there (the stripe goes out in the background).
 //!
-//! Consistency: close-to-open, as the client gives it: the page cache of a file is dropped at
-//! every open (no `KEEP_CACHE`) and attributes are not cached by default (`attr_ttl` 0), so an
-//! open after another node's close sees its data and its size.
+//! Consistency: close-to-open, as NFS gives it. The kernel may cache names and attributes for
+//! `attr_ttl` (1 s by default, as NFS and libfuse do), which is what makes `stat` fast, but
+//! every open fetches fresh attributes from the cluster, tells the kernel to drop the ones it
+//! cached and drops the file's page cache (no `KEEP_CACHE`), so an open after another node's
+//! close sees its data and size. A cached name whose file was deleted elsewhere answers ESTALE,
+//! on which the kernel looks the name up again (as for NFS).
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
-    TimeOrNow, WriteFlags,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -24,7 +27,7 @@ use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 use tessera_client::{
     Client, DirEntry, Error, File, FileKind, Inode, Name, OpenOptions, SetAttr, Timespec,
@@ -36,10 +39,8 @@ use tokio::runtime::Handle;
 pub struct MountOptions {
     /// FUSE worker threads (requests served at once).
     pub threads: usize,
-    /// How long the kernel may reuse attributes and directory entries. Zero (the default) is
-    /// what close-to-open needs here: the kernel keeps cached attributes across an open and
-    /// stops reads at the cached size, so a larger value lets a reader miss, for that long,
-    /// what another node wrote and closed.
+    /// How long the kernel may reuse attributes and directory entries (1 s by default). Opens
+    /// revalidate whatever the value; `stat` may show another node's changes this late.
     pub attr_ttl: Duration,
     /// Let other users in (`allow_other`); permissions are still enforced by the kernel.
     pub allow_other: bool,
@@ -54,7 +55,7 @@ impl Default for MountOptions {
     fn default() -> Self {
         Self {
             threads: 8,
-            attr_ttl: Duration::ZERO,
+            attr_ttl: Duration::from_secs(1),
             allow_other: false,
             direct_io: false,
             writeback_cache: false,
@@ -89,8 +90,11 @@ pub fn mount(
         files: Mutex::default(),
         dirs: Mutex::default(),
         next_fh: AtomicU64::new(1),
+        notifier: OnceLock::new(),
     }));
+    let shared = Arc::clone(&fs.0);
     let session = fuser::spawn_mount(fs, dir, &cfg)?;
+    let _ = shared.notifier.set(session.notifier());
     raise_readahead(dir);
     Ok(session)
 }
@@ -146,10 +150,23 @@ struct Fs {
     /// Open directories: a snapshot of the entries (with `.` and `..`) taken at opendir.
     dirs: Mutex<HashMap<u64, Arc<Listing>>>,
     next_fh: AtomicU64,
+    /// Set once the session runs; drops the kernel's cached attributes at open.
+    notifier: OnceLock<fuser::Notifier>,
 }
 
 fn errno(e: &Error) -> Errno {
     Errno::from_i32(e.errno())
+}
+
+/// For requests naming an inode the kernel knows: if it is gone, the kernel's name for it is
+/// stale (the file was deleted or replaced on another node); ESTALE makes the kernel look the
+/// name up again instead of failing.
+fn ino_errno(e: &Error) -> Errno {
+    if e.is(&tessera_client::ErrorCode::NotFound) {
+        Errno::ESTALE
+    } else {
+        errno(e)
+    }
 }
 
 fn time(t: Timespec) -> SystemTime {
@@ -244,7 +261,7 @@ impl Fs {
     fn attr_reply(&self, reply: ReplyAttr, r: Result<Inode, Error>) {
         match r {
             Ok(i) => reply.attr(&self.opts.attr_ttl, &self.attr(&self.local(i))),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(ino_errno(&e)),
         }
     }
 
@@ -253,6 +270,14 @@ impl Fs {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    fn listing(&self, fh: FileHandle) -> Option<Arc<Listing>> {
+        self.dirs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&fh.0)
+            .cloned()
     }
 
     /// Files and directories are created for the calling process, not for the mount.
@@ -325,6 +350,11 @@ impl Filesystem for TesseraFs {
         let mut want = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_ATOMIC_O_TRUNC;
         if self.0.opts.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        if !self.0.opts.attr_ttl.is_zero() {
+            // Attributes handed out with a listing are only worth it if the kernel keeps them;
+            // AUTO lets it use readdirplus where lookups follow a listing (ls -l, find).
+            want |= InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO;
         }
         // Ask for each on its own: a kernel that lacks one still gets the others.
         for flag in want.iter() {
@@ -401,7 +431,7 @@ impl Filesystem for TesseraFs {
         self.spawn(move |fs| async move {
             match fs.client.readlink(ino.0).await {
                 Ok(t) => reply.data(&t),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(ino_errno(&e)),
             }
         });
     }
@@ -535,8 +565,19 @@ impl Filesystem for TesseraFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.spawn(move |fs| async move {
             match fs.client.open_ino(ino.0, &open_options(flags.0, 0)).await {
-                Ok(f) => reply.opened(fs.keep(f, flags.0), fs.open_flags()),
-                Err(e) => reply.error(errno(&e)),
+                Ok(f) => {
+                    if !fs.opts.attr_ttl.is_zero() {
+                        // Close-to-open: the size and times the kernel cached may predate
+                        // another node's close. Offset -1: attributes only.
+                        if let Some(n) = fs.notifier.get() {
+                            if let Err(e) = n.inval_inode(ino, -1, 0) {
+                                tracing::debug!(ino = ino.0, "attribute invalidation: {e}");
+                            }
+                        }
+                    }
+                    reply.opened(fs.keep(f, flags.0), fs.open_flags());
+                }
+                Err(e) => reply.error(ino_errno(&e)),
             }
         });
     }
@@ -732,7 +773,7 @@ impl Filesystem for TesseraFs {
                         .insert(fh, Arc::new(list));
                     reply.opened(FileHandle(fh), FopenFlags::empty());
                 }
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(ino_errno(&e)),
             }
         });
     }
@@ -745,14 +786,7 @@ impl Filesystem for TesseraFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let Some(list) = self
-            .0
-            .dirs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&fh.0)
-            .cloned()
-        else {
+        let Some(list) = self.0.listing(fh) else {
             return reply.error(Errno::EBADF);
         };
         for (i, (name, ino, kind)) in list.iter().enumerate().skip(offset as usize) {
@@ -761,6 +795,54 @@ impl Filesystem for TesseraFs {
             }
         }
         reply.ok();
+    }
+
+    /// readdir with each entry's attributes (asked for when attributes are cached): `ls -l`
+    /// and `find` then need no lookup per entry. Attributes are fetched in parallel, a batch at
+    /// a time, until the kernel's buffer is full.
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        const BATCH: usize = 32;
+        let Some(list) = self.0.listing(fh) else {
+            return reply.error(Errno::EBADF);
+        };
+        self.spawn(move |fs| async move {
+            let ttl = fs.opts.attr_ttl;
+            let mut next = offset as usize;
+            while next < list.len() {
+                let batch = &list[next..list.len().min(next + BATCH)];
+                let attrs = futures::future::join_all(batch.iter().map(|(name, ino, _)| {
+                    let fs = &fs;
+                    async move {
+                        if name == b"." || name == b".." {
+                            // The kernel takes no attributes from these two.
+                            let dir = Inode::new(*ino, FileKind::Dir, 0o755, 0, 0, 1, Vec::new());
+                            return Some(fs.attr(&dir));
+                        }
+                        // An entry deleted since opendir is left out.
+                        let i = fs.client.getattr(*ino).await.ok()?;
+                        Some(fs.attr(&fs.local(i)))
+                    }
+                }))
+                .await;
+                for (k, ((name, ino, _), attr)) in batch.iter().zip(attrs).enumerate() {
+                    let Some(attr) = attr else { continue };
+                    let off = (next + k + 1) as u64;
+                    let name = OsStr::from_bytes(name);
+                    if reply.add(INodeNo(*ino), off, name, &ttl, &attr, Generation(0)) {
+                        return reply.ok();
+                    }
+                }
+                next += batch.len();
+            }
+            reply.ok();
+        });
     }
 
     fn releasedir(

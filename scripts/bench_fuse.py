@@ -1,0 +1,92 @@
+"""FUSE benchmark driver (run by scripts/bench-fuse.sh): fio sequential 1 MiB write and read,
+random 4 KiB reads, and a metadata test (creates, stats, unlinks per second from 1 and 4
+processes) on each directory given, printed as a table with ratios to the first ones.
+
+Usage: python3 scripts/bench_fuse.py SIZE NAME=DIR [NAME=DIR ...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from multiprocessing import Pool
+
+META_FILES = 20000
+
+
+def fio(directory: str, rw: str, bs: str, size: str, extra: list[str]) -> dict[str, float]:
+    cmd = [
+        "fio", f"--name={rw}", f"--directory={directory}", "--filename=fio.dat", f"--rw={rw}",
+        f"--bs={bs}", f"--size={size}", "--ioengine=psync", "--output-format=json", *extra,
+    ]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    side = job["write"] if rw == "write" else job["read"]
+    return {"GB/s": side["bw_bytes"] / 1e9, "IOPS": side["iops"]}
+
+
+def _meta_worker(args: tuple[str, int, int]) -> tuple[float, float, float]:
+    directory, worker, n = args
+    d = os.path.join(directory, f"meta{worker}")
+    os.makedirs(d, exist_ok=True)
+    names = [os.path.join(d, f"f{i}") for i in range(n)]
+    t0 = time.perf_counter()
+    for p in names:
+        os.close(os.open(p, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644))
+    t1 = time.perf_counter()
+    for p in names:
+        os.stat(p)
+    t2 = time.perf_counter()
+    for p in names:
+        os.unlink(p)
+    t3 = time.perf_counter()
+    os.rmdir(d)
+    return (t1 - t0, t2 - t1, t3 - t2)
+
+
+def meta(directory: str, procs: int) -> dict[str, float]:
+    n = META_FILES // procs
+    with Pool(procs) as pool:
+        times = pool.map(_meta_worker, [(directory, w, n) for w in range(procs)])
+    # Every phase ends when its slowest process does: files per second of the whole phase.
+    total = n * procs
+    return {
+        "creates/s": total / max(t[0] for t in times),
+        "stats/s": total / max(t[1] for t in times),
+        "unlinks/s": total / max(t[2] for t in times),
+    }
+
+
+def main() -> None:
+    size = sys.argv[1]
+    targets = [a.split("=", 1) for a in sys.argv[2:]]
+    results: dict[str, dict[str, float]] = {}
+    for name, d in targets:
+        r: dict[str, float] = {}
+        r["write GB/s"] = fio(d, "write", "1M", size, ["--end_fsync=1"])["GB/s"]
+        r["read GB/s"] = fio(d, "read", "1M", size, [])["GB/s"]
+        r["4K randread IOPS"] = fio(d, "randread", "4k", size, ["--runtime=15", "--time_based"])["IOPS"]
+        os.unlink(os.path.join(d, "fio.dat"))
+        for procs in (1, 4):
+            for k, v in meta(d, procs).items():
+                r[f"{k} ({procs}p)"] = v
+        results[name] = r
+        print(f"{name}: " + ", ".join(f"{k} {v:,.2f}" for k, v in r.items()), flush=True)
+    names = [n for n, _ in targets]
+    last = names[-1]
+    print()
+    print("| measure | " + " | ".join(names) + " | " + " | ".join(f"{last}/{n}" for n in names[:-1]) + " |")
+    print("|---" * (2 * len(names)) + "|")
+    for k in results[last]:
+        vals = " | ".join(f"{results[n][k]:,.2f}" for n in names)
+        ratios = " | ".join(f"{results[last][k] / results[n][k]:.0%}" for n in names[:-1])
+        print(f"| {k} | {vals} | {ratios} |")
+    with open(os.environ.get("OUT", "/tmp/bench-fuse.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
