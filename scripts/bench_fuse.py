@@ -12,7 +12,8 @@ import os
 import subprocess
 import sys
 import time
-from multiprocessing import Pool
+import socket
+from multiprocessing import Pool, Process, Queue
 
 META_FILES = 20000
 
@@ -60,7 +61,36 @@ def meta(directory: str, procs: int) -> dict[str, float]:
     }
 
 
+def _echo(port_out: "Queue[int]") -> None:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port_out.put(srv.getsockname()[1])
+    conn, _ = srv.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while data := conn.recv(64):
+        conn.sendall(data)
+
+
+def tcp_round_trip_us(n: int = 20000) -> float:
+    """The latency floor of any request: a 32-byte TCP ping-pong between two processes."""
+    q: "Queue[int]" = Queue()
+    echo = Process(target=_echo, args=(q,), daemon=True)
+    echo.start()
+    s = socket.create_connection(("127.0.0.1", q.get()))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    t = time.perf_counter()
+    for _ in range(n):
+        s.sendall(b"x" * 32)
+        s.recv(64)
+    dt = time.perf_counter() - t
+    s.close()
+    echo.join(5)
+    return dt / n * 1e6
+
+
 def main() -> None:
+    print(f"TCP round trip between two processes: {tcp_round_trip_us():.1f} us", flush=True)
     size = sys.argv[1]
     targets = [a.split("=", 1) for a in sys.argv[2:]]
     results: dict[str, dict[str, float]] = {}
