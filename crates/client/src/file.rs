@@ -60,6 +60,9 @@ pub struct File {
     ahead: ReadAhead,
     pos: u64,
     closed: bool,
+    /// Finishing a dropped handle in the background: if that task is dropped in turn (the
+    /// runtime is shutting down), it must not hand itself on again, without end.
+    detached: bool,
 }
 
 impl File {
@@ -81,6 +84,7 @@ impl File {
             ahead: ReadAhead::default(),
             pos: 0,
             closed: false,
+            detached: false,
         }
     }
 
@@ -489,7 +493,7 @@ async fn wait_write(waiter: Option<Waiter>) -> WriteOutcome {
 
 impl Drop for File {
     fn drop(&mut self) {
-        if self.closed {
+        if self.closed || self.detached {
             return;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -517,6 +521,7 @@ impl Drop for File {
             ahead: ReadAhead::default(),
             pos: 0,
             closed: false,
+            detached: true,
         };
         self.closed = true;
         rt.spawn(async move {

@@ -213,8 +213,10 @@ impl Client {
         }
     }
 
-    /// Creates an inode and links it into `parent`, both at once (one round trip, not two);
-    /// whichever half succeeded is undone if the other failed.
+    /// Creates an inode and links it into `parent`; the inode is removed again if the name
+    /// cannot be taken. The inode goes first (one round trip more than doing both at once) so
+    /// that a name, once visible, always leads to an inode: another process that finds the
+    /// name, as all but one of N processes opening one new file do, can open it at once.
     async fn make(
         &self,
         parent: Ino,
@@ -225,49 +227,32 @@ impl Client {
         open: bool,
     ) -> Result<Inode> {
         check_name(name)?;
-        for _ in 0..8 {
+        let mut tries = 0;
+        let inode = loop {
             let inode = self.new_inode(random_ino(), kind, mode, parent, target.clone(), open);
-            let entry = DirEntry {
-                ino: inode.ino,
-                kind,
-            };
-            let create = self.meta(
-                inode.ino,
-                Op::InodeCreate {
-                    inode: inode.clone(),
-                },
-            );
-            let (created, inserted) = tokio::join!(create, self.insert(parent, name, entry, false));
-            match (created, inserted) {
-                (Ok(_), Ok(_)) => return Ok(inode),
-                (Ok(_), Err(e)) => {
-                    self.discard(inode.ino, open).await;
-                    return Err(e);
-                }
-                // The random number is taken (about never): the name must not point at it.
-                (Err(e), Ok(_)) if e.is(&ErrorCode::Exists) => {
-                    self.unname(parent, name, inode.ino).await?;
-                }
-                (Err(e), Ok(_)) => {
-                    self.unname(parent, name, inode.ino).await?;
-                    return Err(e);
-                }
-                (Err(_), Err(e)) => return Err(e),
+            match self
+                .meta(
+                    inode.ino,
+                    Op::InodeCreate {
+                        inode: inode.clone(),
+                    },
+                )
+                .await
+            {
+                Ok(_) => break inode,
+                Err(e) if e.is(&ErrorCode::Exists) && tries < 8 => tries += 1,
+                Err(e) => return Err(e),
             }
-        }
-        Err(Error::Invalid("no free inode number after 8 tries".into()))
-    }
-
-    /// Removes `name` from `dir` if it still names `ino`.
-    async fn unname(&self, dir: Ino, name: &[u8], ino: Ino) -> Result<()> {
-        let op = Op::DirRemove {
-            dir,
-            name: name.to_vec(),
-            expect: Some(ino),
-            want_dir: None,
-            mtime: Timespec::now(),
         };
-        self.meta(dir, op).await.map(|_| ())
+        let entry = DirEntry {
+            ino: inode.ino,
+            kind,
+        };
+        if let Err(e) = self.insert(parent, name, entry, false).await {
+            self.discard(inode.ino, open).await;
+            return Err(e);
+        }
+        Ok(inode)
     }
 
     /// Best-effort removal of a link that never got a name (and of the open handle, if any).

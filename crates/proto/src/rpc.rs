@@ -1,10 +1,11 @@
 //! Multiplexed RPC over one TCP connection.
 //!
-//! A client keeps any number of requests in flight on one connection; a reader task matches
-//! responses to waiting callers by request id. A server answers the requests of one connection
-//! in the order they arrived (store operations are in-memory and short), so a client's writes
-//! on one connection apply in the order it sent them, while a writer task streams responses
-//! back concurrently with reading.
+//! A client keeps any number of requests in flight on one connection: a caller puts its frame
+//! on the socket itself when nothing is queued before it (else a writer task sends it, in
+//! order), and a reader task matches responses to waiting callers by request id. A server
+//! answers the requests of one connection in the order they arrived, on the task that reads
+//! them (store operations are in-memory and short), so a client's writes on one connection
+//! apply in the order it sent them. Round trips matter: metadata operations are made of them.
 
 use crate::auth::{client_handshake, server_handshake, AuthError, Secret};
 use crate::frame::{encode_head, read_frame, FrameError, FrameKind, Limits};
@@ -12,6 +13,7 @@ use crate::msg::{Request, Response};
 use crate::pool::BufferPool;
 use bytes::Bytes;
 use std::collections::HashMap;
+use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,11 +21,10 @@ use std::time::Duration;
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 const IO_BUF: usize = 256 << 10;
-const SEND_QUEUE: usize = 512;
 
 /// Settings shared by every connection of a process.
 #[derive(Debug)]
@@ -67,9 +68,99 @@ pub enum RpcError {
     Encode(String),
 }
 
+/// A frame on its way out; `sent` bytes of head + payload are on the socket already.
 struct Outgoing {
     head: Vec<u8>,
     payload: Bytes,
+    sent: usize,
+}
+
+impl Outgoing {
+    fn len(&self) -> usize {
+        self.head.len() + self.payload.len()
+    }
+
+    /// Writes as much as the socket takes now, without waiting; true when all of it is out.
+    fn write_some(&mut self, half: &OwnedWriteHalf) -> std::io::Result<bool> {
+        while self.sent < self.len() {
+            let (h, p) = (self.head.len(), self.sent);
+            let n = if p < h {
+                let bufs = [IoSlice::new(&self.head[p..]), IoSlice::new(&self.payload)];
+                half.try_write_vectored(&bufs)
+            } else {
+                half.try_write(&self.payload[p - h..])
+            };
+            match n {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => self.sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// The sending side of a client connection. A caller writes its frame to the socket itself when
+/// nothing is queued before it (no hand-off to another task: the lowest latency); whatever
+/// the socket does not take at once is queued, in order, for the writer task. The writes are
+/// non-blocking, so a caller that is cancelled never leaves half a frame behind.
+struct Sender {
+    half: OwnedWriteHalf,
+    queue: Mutex<Outbox>,
+    wake: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Outbox {
+    frames: std::collections::VecDeque<Outgoing>,
+    /// The client is gone: the writer task sends what is queued and ends.
+    closing: bool,
+}
+
+impl Sender {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Outbox> {
+        self.queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn send(&self, mut frame: Outgoing) -> std::io::Result<()> {
+        let mut out = self.lock();
+        if out.frames.is_empty() && frame.write_some(&self.half)? {
+            return Ok(());
+        }
+        out.frames.push_back(frame);
+        drop(out);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// The writer task: drains the queue whenever the socket can take more.
+    async fn run(&self) -> std::io::Result<()> {
+        loop {
+            self.wake.notified().await;
+            loop {
+                let (empty, closing) = {
+                    let mut out = self.lock();
+                    while let Some(front) = out.frames.front_mut() {
+                        if !front.write_some(&self.half)? {
+                            break;
+                        }
+                        out.frames.pop_front();
+                    }
+                    (out.frames.is_empty(), out.closing)
+                };
+                if empty && closing {
+                    return Ok(());
+                }
+                if empty {
+                    break;
+                }
+                self.half.writable().await?;
+            }
+        }
+    }
 }
 
 type Reply = Result<(Response, Bytes), RpcError>;
@@ -110,7 +201,7 @@ impl Shared {
 /// A connection to a manager or storage server. Cheap to share (`&self` calls run concurrently).
 pub struct RpcClient {
     shared: Arc<Shared>,
-    tx: mpsc::Sender<Outgoing>,
+    sender: Arc<Sender>,
     next_id: AtomicU64,
     request_timeout: Duration,
 }
@@ -134,10 +225,14 @@ impl RpcClient {
             addr,
             pending: Mutex::default(),
         });
-        let (tx, rx) = mpsc::channel(SEND_QUEUE);
-        let w_shared = shared.clone();
+        let sender = Arc::new(Sender {
+            half: wr,
+            queue: Mutex::default(),
+            wake: tokio::sync::Notify::new(),
+        });
+        let (w_sender, w_shared) = (sender.clone(), shared.clone());
         tokio::spawn(async move {
-            if let Err(e) = write_loop(wr, rx).await {
+            if let Err(e) = w_sender.run().await {
                 w_shared.close(format!("write failed: {e}"));
             }
         });
@@ -169,7 +264,7 @@ impl RpcClient {
         });
         Ok(Self {
             shared,
-            tx,
+            sender,
             next_id: AtomicU64::new(1),
             request_timeout: cfg.request_timeout,
         })
@@ -199,12 +294,15 @@ impl RpcClient {
             }
             p.waiting.insert(id, wtx);
         }
-        if self.tx.send(Outgoing { head, payload }).await.is_err() {
-            self.shared.lock().waiting.remove(&id);
-            return Err(RpcError::Closed {
-                addr,
-                reason: "writer stopped".into(),
-            });
+        let frame = Outgoing {
+            head,
+            payload,
+            sent: 0,
+        };
+        if let Err(e) = self.sender.send(frame) {
+            let reason = format!("write failed: {e}");
+            self.shared.close(reason.clone());
+            return Err(RpcError::Closed { addr, reason });
         }
         Ok(Waiter {
             id,
@@ -223,6 +321,13 @@ impl RpcClient {
     #[must_use]
     pub fn peer(&self) -> SocketAddr {
         self.shared.addr
+    }
+}
+
+impl Drop for RpcClient {
+    fn drop(&mut self) {
+        self.sender.lock().closing = true;
+        self.sender.wake.notify_one();
     }
 }
 
@@ -252,25 +357,6 @@ impl Waiter {
             }
         }
     }
-}
-
-async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>) -> std::io::Result<()> {
-    let mut w = BufWriter::with_capacity(IO_BUF, wr);
-    while let Some(mut out) = rx.recv().await {
-        // Batch whatever is queued into as few syscalls as possible, flush when idle.
-        loop {
-            w.write_all(&out.head).await?;
-            if !out.payload.is_empty() {
-                w.write_all(&out.payload).await?;
-            }
-            match rx.try_recv() {
-                Ok(next) => out = next,
-                Err(_) => break,
-            }
-        }
-        w.flush().await?;
-    }
-    w.shutdown().await
 }
 
 /// Does `buf` start with a complete frame?

@@ -171,9 +171,9 @@ impl Cluster {
         Worker::spawn(self.manager, &self.secret)
     }
 
-    /// Mounts the cluster on `dir` with `tessera mount` in its own process; waits until the mount
-    /// is there. The mount is undone when the returned guard is dropped.
-    pub fn mount(&self, dir: &std::path::Path) -> Result<Mount> {
+    /// Mounts the cluster on `dir` with `tessera mount ARGS` in its own process; waits until the
+    /// mount is there. The mount is undone when the returned guard is dropped.
+    pub fn mount(&self, dir: &std::path::Path, args: &[&str]) -> Result<Mount> {
         use std::os::unix::fs::MetadataExt;
         anyhow::ensure!(
             std::path::Path::new("/dev/fuse").exists(),
@@ -183,6 +183,7 @@ impl Cluster {
         let before = std::fs::metadata(dir)?.dev();
         let mut cmd = quiet(Command::new(bin("tessera")?));
         cmd.args(["mount", &dir.to_string_lossy()])
+            .args(args)
             .env("TESSERA_MANAGER", self.manager.to_string())
             .env("TESSERA_SECRET", &self.secret);
         let mut child = cmd.spawn().context("starting tessera mount")?;
