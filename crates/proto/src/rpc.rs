@@ -25,6 +25,8 @@ use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 const IO_BUF: usize = 256 << 10;
+/// Frames up to this size are written by the caller itself (see `Sender`).
+const DIRECT_MAX: usize = 64 << 10;
 
 /// Settings shared by every connection of a process.
 #[derive(Debug)]
@@ -101,9 +103,10 @@ impl Outgoing {
     }
 }
 
-/// The sending side of a client connection. A caller writes its frame to the socket itself when
-/// nothing is queued before it (no hand-off to another task: the lowest latency); whatever
-/// the socket does not take at once is queued, in order, for the writer task. The writes are
+/// The sending side of a client connection. A caller writes a small frame to the socket itself
+/// when nothing is queued before it (no hand-off to another task: the lowest latency); large
+/// frames, and whatever the socket does not take at once, are queued, in order, for the
+/// writer task. The writes are
 /// non-blocking, so a caller that is cancelled never leaves half a frame behind.
 struct Sender {
     half: OwnedWriteHalf,
@@ -127,7 +130,9 @@ impl Sender {
 
     fn send(&self, mut frame: Outgoing) -> std::io::Result<()> {
         let mut out = self.lock();
-        if out.frames.is_empty() && frame.write_some(&self.half)? {
+        // A stripe-sized frame goes to the writer task: copying it into the socket here would
+        // put that copy on the caller's path instead of beside it.
+        if out.frames.is_empty() && frame.len() <= DIRECT_MAX && frame.write_some(&self.half)? {
             return Ok(());
         }
         out.frames.push_back(frame);
