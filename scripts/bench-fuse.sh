@@ -13,31 +13,21 @@ command -v fio >/dev/null && command -v bindfs >/dev/null ||
 cargo build -q --release --locked -p tessera-cli
 bin=$PWD/target/release/tessera
 
-work=$(mktemp -d /tmp/tessera-bench-fuse.XXXXXX)
-mkdir -p "$work/tmpfs" "$work/bindfs" "$work/tessera" "$work/mnt"
-export TESSERA_HOME=$work/home
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  umount -l "$work/mnt" 2>/dev/null || true
-  umount -l "$work/bindfs" 2>/dev/null || true
-  umount -l "$work/tmpfs" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+. scripts/lib/scratch.sh tessera-bench-fuse
+mkdir -p "$work/tmpfs" "$work/bindfs" "$work/mnt"
+mounts+=("$work/tmpfs" "$work/bindfs" "$work/mnt")
 
 mount -t tmpfs -o size=80% tmpfs "$work/tmpfs"
 mkdir "$work/tmpfs/plain" "$work/tmpfs/under-bindfs"
 bindfs -o direct_io "$work/tmpfs/under-bindfs" "$work/bindfs"
-"$bin" up --servers 4 --memory 2GiB > "$work/up.log" 2>&1 &
+"$bin" --manager "127.0.0.1:$(free_port)" up --http "127.0.0.1:$(free_port)" --servers 4 \
+  --memory 2GiB > "$work/up.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 300); do [ -e "$TESSERA_HOME/cluster.toml" ] && break; sleep 0.1; done
+wait_cluster_file
 # shellcheck disable=SC2086
 "$bin" mount "$work/mnt" ${MOUNT_ARGS:-} > "$work/mount.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 300); do mountpoint -q "$work/mnt" && break; sleep 0.1; done
-mountpoint -q "$work/mnt" || { cat "$work"/*.log; exit 1; }
+wait_mounted "$work/mnt"
 
 echo "fio file $size; $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ); mount flags: ${MOUNT_ARGS:-none}"
 python3 scripts/bench_fuse.py "$size" tmpfs="$work/tmpfs/plain" bindfs="$work/bindfs" \

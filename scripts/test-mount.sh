@@ -30,29 +30,9 @@ if [ -z "${TESSERA_BIN:-}" ]; then
 fi
 bin=$TESSERA_BIN
 
-work=$(mktemp -d /tmp/tessera-mount.XXXXXX)
-chmod 755 "$work"
+. scripts/lib/scratch.sh tessera-mount
 mkdir -p "$work/m1" "$work/m2" "$work/local" "$work/secondary"
-export TESSERA_HOME=$work/home
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  umount -l "$work/m2" 2>/dev/null || true
-  umount -l "$work/m1" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-wait_mounted() {
-  for _ in $(seq 300); do
-    mountpoint -q "$1" && return 0
-    sleep 0.1
-  done
-  echo "$1 was not mounted in 30 s" >&2
-  cat "$work"/*.log >&2
-  exit 1
-}
+mounts+=("$work/m1" "$work/m2")
 
 servers=4
 per_server=$((256 << 20))
@@ -60,7 +40,7 @@ per_server=$((256 << 20))
   --http "127.0.0.1:$(free_port)" --mount "$work/m1" --allow-other > "$work/up.log" 2>&1 &
 pids+=($!)
 wait_mounted "$work/m1"
-for _ in $(seq 100); do [ -e "$TESSERA_HOME/cluster.toml" ] && break; sleep 0.1; done
+wait_cluster_file
 "$bin" mount "$work/m2" --allow-other > "$work/mount2.log" 2>&1 &
 pids+=($!)
 wait_mounted "$work/m2"

@@ -192,6 +192,13 @@ fn set_time(t: Option<TimeOrNow>) -> Option<Timespec> {
     })
 }
 
+fn by_handle<V: Clone>(map: &Mutex<HashMap<u64, V>>, fh: FileHandle) -> Option<V> {
+    map.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&fh.0)
+        .cloned()
+}
+
 fn name(n: &OsStr) -> Name {
     n.as_bytes().to_vec()
 }
@@ -273,11 +280,7 @@ impl Fs {
     }
 
     fn listing(&self, fh: FileHandle) -> Option<Arc<Listing>> {
-        self.dirs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&fh.0)
-            .cloned()
+        by_handle(&self.dirs, fh)
     }
 
     /// Files and directories are created for the calling process, not for the mount.
@@ -286,11 +289,7 @@ impl Fs {
     }
 
     fn file(&self, fh: FileHandle) -> Option<Arc<OpenFile>> {
-        self.files
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&fh.0)
-            .cloned()
+        by_handle(&self.files, fh)
     }
 
     fn keep(&self, f: File, flags: i32) -> FileHandle {

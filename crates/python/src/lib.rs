@@ -302,6 +302,23 @@ async fn copy_one(client: &Client, from: &str, to: &str) -> Result<(), Error> {
 }
 
 /// A `None` or the exception of every item of a batch, in order.
+/// Runs `jobs` as tasks on the runtime, `concurrency` at a time (each on any worker thread, so
+/// a batch uses every core); the results come back in the order of `jobs`.
+fn run_all<T, F>(jobs: impl Iterator<Item = F>, concurrency: usize) -> Vec<Result<T, Error>>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = Result<T, Error>> + Send + 'static,
+{
+    let tasks = jobs.map(|job| {
+        let task = runtime().spawn(job);
+        async move {
+            task.await
+                .unwrap_or_else(|e| Err(Error::Unavailable(format!("task failed: {e}"))))
+        }
+    });
+    runtime().block_on(stream::iter(tasks).buffered(concurrency.max(1)).collect())
+}
+
 fn outcomes<'py>(
     py: Python<'py>,
     results: Vec<Result<(), Error>>,
@@ -577,19 +594,11 @@ impl PyClient {
         let paths: Vec<String> = paths.iter().map(|p| norm(p)).collect();
         let client = &self.client;
         let results: Vec<Result<Vec<Bytes>, Error>> = py.detach(|| {
-            runtime().block_on(
-                stream::iter(paths.iter().zip(starts).zip(ends).map(|((p, s), e)| {
-                    let (c, p) = (client.clone(), p.clone());
-                    let task = runtime().spawn(async move { read_range(&c, &p, s, e).await });
-                    async move {
-                        task.await.unwrap_or_else(|e| {
-                            Err(Error::Unavailable(format!("task failed: {e}")))
-                        })
-                    }
-                }))
-                .buffered(concurrency.max(1))
-                .collect(),
-            )
+            let jobs = paths.iter().zip(starts).zip(ends).map(|((p, s), e)| {
+                let (c, p) = (client.clone(), p.clone());
+                async move { read_range(&c, &p, s, e).await }
+            });
+            run_all(jobs, concurrency)
         });
         let items: Vec<Py<PyAny>> = results
             .into_iter()
@@ -637,19 +646,11 @@ impl PyClient {
         let pairs: Vec<(PathBuf, String)> = pairs.into_iter().map(|(l, r)| (l, norm(&r))).collect();
         let client = &self.client;
         let results = py.detach(|| {
-            runtime().block_on(
-                stream::iter(pairs.iter().map(|(l, r)| {
-                    let (c, l, r) = (client.clone(), l.clone(), r.clone());
-                    let task = runtime().spawn(async move { put_one(&c, &l, &r).await });
-                    async move {
-                        task.await.unwrap_or_else(|e| {
-                            Err(Error::Unavailable(format!("task failed: {e}")))
-                        })
-                    }
-                }))
-                .buffered(concurrency.max(1))
-                .collect::<Vec<_>>(),
-            )
+            let jobs = pairs.iter().map(|(l, r)| {
+                let (c, l, r) = (client.clone(), l.clone(), r.clone());
+                async move { put_one(&c, &l, &r).await }
+            });
+            run_all(jobs, concurrency)
         });
         let names: Vec<String> = pairs.into_iter().map(|(_, r)| r).collect();
         outcomes(py, results, &names)
@@ -667,19 +668,11 @@ impl PyClient {
         let pairs: Vec<(String, PathBuf)> = pairs.into_iter().map(|(r, l)| (norm(&r), l)).collect();
         let client = &self.client;
         let results = py.detach(|| {
-            runtime().block_on(
-                stream::iter(pairs.iter().map(|(r, l)| {
-                    let (c, r, l) = (client.clone(), r.clone(), l.clone());
-                    let task = runtime().spawn(async move { get_one(&c, &r, &l).await });
-                    async move {
-                        task.await.unwrap_or_else(|e| {
-                            Err(Error::Unavailable(format!("task failed: {e}")))
-                        })
-                    }
-                }))
-                .buffered(concurrency.max(1))
-                .collect::<Vec<_>>(),
-            )
+            let jobs = pairs.iter().map(|(r, l)| {
+                let (c, r, l) = (client.clone(), r.clone(), l.clone());
+                async move { get_one(&c, &r, &l).await }
+            });
+            run_all(jobs, concurrency)
         });
         let names: Vec<String> = pairs.into_iter().map(|(r, _)| r).collect();
         outcomes(py, results, &names)

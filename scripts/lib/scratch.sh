@@ -1,0 +1,40 @@
+# Sourced by the scripts that start local clusters and mounts: a scratch directory ($work) and
+# a cleanup on exit that stops what was started (add pids to `pids`), unmounts what was
+# mounted (add directories to `mounts`) and removes the directory.
+# Usage: . scripts/lib/scratch.sh NAME
+work=$(mktemp -d "/tmp/$1.XXXXXX")
+chmod 755 "$work"
+export TESSERA_HOME=$work/home
+pids=()
+mounts=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "${mounts[i]}" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# Waits up to 30 s for DIR to become a mount point.
+wait_mounted() {
+  for _ in $(seq 300); do
+    mountpoint -q "$1" && return 0
+    sleep 0.1
+  done
+  echo "$1 was not mounted in 30 s" >&2
+  cat "$work"/*.log >&2 || true
+  exit 1
+}
+
+# Waits up to 30 s for `tessera up` to write its cluster file.
+wait_cluster_file() {
+  for _ in $(seq 300); do
+    [ -e "$TESSERA_HOME/cluster.toml" ] && return 0
+    sleep 0.1
+  done
+  echo "the cluster did not come up in 30 s" >&2
+  cat "$work"/*.log >&2 || true
+  exit 1
+}
+
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
