@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The FUSE mount's tests (issue #3), as root: a local cluster (4 servers, 256 MiB each) mounted
-# twice, then
+# twice (the second with --direct-io), then
 #   1. the Python standard-library suite tests/posix/test_mount.py (pytest),
 #   2. pjdfstest (the POSIX suite) with tests/posix/pjdfstest.toml; every failure must be named
 #      in tests/posix/pjdfstest-skips.txt with its reason,
-#   3. fsx, 100 000 operations on a file of up to 8 MiB, every read verified,
+#   3. fsx, 100 000 operations on a file of up to 8 MiB, every read verified (and 30 000 on the
+#      --direct-io mount),
 #   4. tests/posix/workflow.sh, compared with the same steps on a local directory.
 # Usage: scripts/test-mount.sh
 # Environment: TESSERA_BIN (default: built here, target/debug/tessera), TESSERA_TOOLS (where
@@ -41,7 +42,7 @@ per_server=$((256 << 20))
 pids+=($!)
 wait_mounted "$work/m1"
 wait_cluster_file
-"$bin" mount "$work/m2" --allow-other > "$work/mount2.log" 2>&1 &
+"$bin" mount "$work/m2" --allow-other --direct-io > "$work/mount2.log" 2>&1 &
 pids+=($!)
 wait_mounted "$work/m2"
 
@@ -76,6 +77,9 @@ echo "== fsx"
 mkdir "$work/m1/fsx"
 "$tools/bin/fsx" -q -f tests/posix/fsx.toml -N "${FSX_OPS:-100000}" -S 20261122 \
   -P "$work/local" "$work/m1/fsx/fsx.dat"
+echo "== fsx on the --direct-io mount"
+"$tools/bin/fsx" -q -f tests/posix/fsx.toml -N 30000 -S 20261123 \
+  -P "$work/local" "$work/m2/fsx/direct.dat"
 
 echo "== shell workflow"
 tests/posix/workflow.sh "$work/m1" "$work/local"

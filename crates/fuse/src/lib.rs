@@ -350,6 +350,10 @@ impl Filesystem for TesseraFs {
         if self.0.opts.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
+        if self.0.opts.direct_io {
+            // Programs still map files (databases do); the kernel keeps mapped pages coherent.
+            want |= InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
+        }
         if !self.0.opts.attr_ttl.is_zero() {
             // Attributes handed out with a listing are only worth it if the kernel keeps them;
             // AUTO lets it use readdirplus where lookups follow a listing (ls -l, find).
