@@ -19,6 +19,7 @@ if [ "$(id -u)" != 0 ] || [ ! -e /dev/fuse ]; then
   exit 1
 fi
 
+command -v make >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q make >/dev/null
 tools=${TESSERA_TOOLS:-$HOME/.cache/tessera-tools}
 [ -x "$tools/bin/pjdfstest" ] || cargo install -q --locked --root "$tools" pjdfstest@0.2.2
 [ -x "$tools/bin/fsx" ] || cargo install -q --locked --root "$tools" fsx@0.3.2

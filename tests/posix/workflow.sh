@@ -27,11 +27,9 @@ steps() {
 }
 
 time_steps() {
-  local start end
-  start=$(date +%s.%N)
+  local start=$EPOCHREALTIME
   (steps "$1")
-  end=$(date +%s.%N)
-  echo "$1: $(echo "$end - $start" | bc) s"
+  awk -v a="$start" -v b="$EPOCHREALTIME" -v d="$1" 'BEGIN { printf "%s: %.1f s\n", d, b - a }'
 }
 
 t=$1/workflow
