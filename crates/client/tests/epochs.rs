@@ -8,8 +8,8 @@ use std::time::Duration;
 use tessera_client::{Client, ClientOptions, OpenOptions};
 use tessera_placement::{assign, meta_partition, NodeWeight, PartitionTable, ROOT_INO};
 use tessera_proto::{
-    serve, BufferPool, ClusterConfig, ErrorCode, FileKind, Handler, Inode, NodeAddr, Op, Request,
-    Response, RpcClient, RpcConfig, Secret, TableInfo,
+    serve, BufferPool, ClusterConfig, ErrorCode, FileKind, Handler, Inode, NodeAddr, Op, Reply,
+    Request, Response, RpcClient, RpcConfig, Secret, TableInfo,
 };
 
 const SECRET: &str = "epochs";
@@ -62,7 +62,7 @@ impl FakeManager {
 }
 
 impl Handler for FakeManager {
-    fn handle(&self, req: Request, _: Bytes) -> (Response, Bytes) {
+    fn handle(&self, req: Request, _: Bytes) -> Reply {
         let resp = match req {
             Request::Register { addr, .. } => {
                 let mut m = self.members.lock().unwrap();
@@ -85,7 +85,7 @@ impl Handler for FakeManager {
             },
             _ => Response::Error(ErrorCode::Invalid("not in this test".into())),
         };
-        (resp, Bytes::new())
+        Reply::Now(resp, Bytes::new())
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use tessera_placement::{meta_partition, validate_stripe_size, ROOT_INO};
 use tessera_proto::{
-    BufferPool, ClusterConfig, ErrorCode, FileKind, Handler, Inode, Op, Request, Response,
+    BufferPool, ClusterConfig, ErrorCode, FileKind, Handler, Inode, Op, Reply, Request, Response,
     RpcClient, RpcConfig, Secret,
 };
 use tokio::net::TcpListener;
@@ -103,7 +103,7 @@ struct ManagerHandler {
 }
 
 impl Handler for ManagerHandler {
-    fn handle(&self, req: Request, _payload: Bytes) -> (Response, Bytes) {
+    fn handle(&self, req: Request, _payload: Bytes) -> Reply {
         let now = Instant::now();
         let resp = match req {
             Request::Register {
@@ -140,7 +140,7 @@ impl Handler for ManagerHandler {
                 "the manager serves no file operations".into(),
             )),
         };
-        (resp, Bytes::new())
+        Reply::Now(resp, Bytes::new())
     }
 }
 

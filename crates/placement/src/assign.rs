@@ -120,10 +120,17 @@ pub fn assign(
 
     // Keep what each surviving node already holds, up to its share.
     let mut out: Vec<Vec<NodeId>> = vec![Vec::with_capacity(r); p];
-    if let Some(prev) = prev {
+    // In r rounds, the k-th keeping at most k copies of each partition: the copies that must go
+    // are then spread over many partitions (each one slot a new node can fill) instead of
+    // emptying the last partitions in order.
+    for k in 1..=r {
+        let Some(prev) = prev else { break };
         for (list, old) in out.iter_mut().zip(prev) {
             for &n in old {
-                if list.len() == r || list.contains(&n) {
+                if list.len() >= k {
+                    break;
+                }
+                if list.contains(&n) {
                     continue;
                 }
                 if let (Some(&t), Some(c)) = (target.get(&n), count.get_mut(&n)) {
@@ -136,8 +143,10 @@ pub fn assign(
         }
     }
 
-    // Fill the gaps from the nodes furthest below their share.
-    for list in &mut out {
+    // Fill the gaps from the nodes furthest below their share. Ties are broken by a hash of
+    // (partition, node), not by node id, so a node's mirrors spread over all the others
+    // (declustering): a lost node is rebuilt from many peers, and balance needs few extra moves.
+    for (i, list) in out.iter_mut().enumerate() {
         while list.len() < r {
             let pick = count
                 .iter()
@@ -145,7 +154,7 @@ pub fn assign(
                 .max_by(|a, b| {
                     (target[a.0] - a.1)
                         .cmp(&(target[b.0] - b.1))
-                        .then(b.0.cmp(a.0))
+                        .then(tie(i, *a.0).cmp(&tie(i, *b.0)))
                 })
                 .map(|(&n, _)| n)
                 .expect("at least r nodes, so a node not yet in this list exists");
@@ -153,7 +162,53 @@ pub fn assign(
             list.push(pick);
         }
     }
+
+    // Keeping copies in partition order can leave a node above its share in partitions where a
+    // node below its share has no copy (with r >= 2, a new node can take only one copy of each
+    // partition): hand such copies over. Each hand-over is a move the shares require anyway.
+    // Copies just placed are handed over first: moving a kept copy instead costs one more move.
+    for kept_too in [false, true] {
+        for (i, list) in out.iter_mut().enumerate() {
+            hand_over(list, prev.map(|pr| pr[i].as_slice()), kept_too, &target, &mut count);
+        }
+    }
     Ok(out)
+}
+
+fn tie(partition: usize, node: NodeId) -> u64 {
+    let mut key = [0u8; 12];
+    key[..8].copy_from_slice(&(partition as u64).to_le_bytes());
+    key[8..].copy_from_slice(&node.to_le_bytes());
+    xxhash_rust::xxh3::xxh3_64(&key)
+}
+
+/// Replaces copies of `list` held by nodes above their target with nodes below it that hold
+/// no copy of this partition (only copies new since `kept` unless `kept_too`).
+fn hand_over(
+    list: &mut [NodeId],
+    kept: Option<&[NodeId]>,
+    kept_too: bool,
+    target: &BTreeMap<NodeId, i64>,
+    count: &mut BTreeMap<NodeId, i64>,
+) {
+    {
+        for slot in 0..list.len() {
+            let n = list[slot];
+            if count[&n] <= target[&n] || (!kept_too && kept.is_some_and(|k| k.contains(&n))) {
+                continue;
+            }
+            let under = count
+                .iter()
+                .filter(|(u, c)| **c < target[*u] && !list.contains(u))
+                .max_by(|a, b| (target[a.0] - a.1).cmp(&(target[b.0] - b.1)).then(b.0.cmp(a.0)))
+                .map(|(&u, _)| u);
+            if let Some(u) = under {
+                *count.get_mut(&n).expect("a listed node") -= 1;
+                *count.get_mut(&u).expect("picked from count") += 1;
+                list[slot] = u;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -280,6 +335,16 @@ mod tests {
             let old = PartitionTable::new(0, before).unwrap();
             let moved = PartitionTable::new(1, after).unwrap().moves_from(&old);
             prop_assert_eq!(moved, old.load()[&gone]);
+        }
+
+        #[test]
+        fn adding_nodes_with_mirrors_stays_balanced(n in 2u32..12, p in 16u32..1024, r in 2u8..=3, add in 1u32..4) {
+            prop_assume!(n as usize >= r as usize);
+            let before = assign(None, &equal(n), p, r).unwrap();
+            let after = assign(Some(&before), &equal(n + add), p, r).unwrap();
+            prop_assert!(PartitionTable::new(0, after.clone()).is_ok(), "distinct replicas");
+            let (min, max) = spread(&after);
+            prop_assert!(max - min <= 2, "min {} max {}", min, max);
         }
 
         #[test]

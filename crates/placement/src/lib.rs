@@ -10,10 +10,12 @@
 //! Nothing here does I/O, so it is tested exhaustively with property tests.
 
 mod assign;
+mod reconfig;
 mod stripe;
 mod table;
 
 pub use assign::{assign, capacity_shares, AssignError, NodeWeight};
+pub use reconfig::{complete, plan, CompleteError, Plan};
 pub use stripe::{segments, Segment};
 pub use table::{PartitionTable, TableError};
 

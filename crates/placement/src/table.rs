@@ -13,35 +13,99 @@ pub enum TableError {
     NoReplica(PartitionId),
     #[error("partition {0} lists node {1} twice")]
     DuplicateReplica(PartitionId, NodeId),
+    #[error("partition {0} is being copied but has no complete replica to copy from")]
+    NoSource(PartitionId),
+    #[error("the next table has {got} partitions, the cluster has {want}")]
+    WrongSize { want: usize, got: usize },
 }
 
-/// Maps every partition to an ordered list of nodes (primary first). The epoch grows by one at
-/// every change; clients and servers compare epochs to detect a stale routing decision.
+/// Maps every partition to an ordered list of nodes holding a complete copy (primary first) and
+/// the nodes receiving a copy (rebuild after a loss, or migration). The epoch grows by one at
+/// every change, and each partition remembers the epoch its lists last changed at: a request
+/// routed at epoch `e` is valid for partition `p` while `changed(p) <= e`, so a reconfiguration
+/// fences only the partitions it touches.
+///
+/// A partition whose replica list is empty is lost (every copy was on nodes that died):
+/// requests for it fail with EIO, never with silently missing data.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartitionTable {
     epoch: Epoch,
     replicas: Vec<Vec<NodeId>>,
+    incoming: Vec<Vec<NodeId>>,
+    changed: Vec<Epoch>,
+}
+
+fn check(replicas: &[Vec<NodeId>], incoming: &[Vec<NodeId>]) -> Result<(), TableError> {
+    if replicas.is_empty() {
+        return Err(TableError::Empty);
+    }
+    if incoming.len() != replicas.len() {
+        return Err(TableError::WrongSize {
+            want: replicas.len(),
+            got: incoming.len(),
+        });
+    }
+    for (p, (list, inc)) in replicas.iter().zip(incoming).enumerate() {
+        let p = p as PartitionId;
+        if list.is_empty() && !inc.is_empty() {
+            return Err(TableError::NoSource(p));
+        }
+        let mut seen = BTreeSet::new();
+        for &n in list.iter().chain(inc) {
+            if !seen.insert(n) {
+                return Err(TableError::DuplicateReplica(p, n));
+            }
+        }
+    }
+    Ok(())
 }
 
 impl PartitionTable {
-    /// Checks that every partition has at least one replica and no node twice.
+    /// A first table: every partition has at least one replica, no node twice, nothing moving.
     pub fn new(epoch: Epoch, replicas: Vec<Vec<NodeId>>) -> Result<Self, TableError> {
-        if replicas.is_empty() {
-            return Err(TableError::Empty);
+        if let Some(p) = replicas.iter().position(Vec::is_empty) {
+            return Err(TableError::NoReplica(p as PartitionId));
         }
-        for (p, list) in replicas.iter().enumerate() {
-            let p = p as PartitionId;
-            if list.is_empty() {
-                return Err(TableError::NoReplica(p));
-            }
-            let mut seen = BTreeSet::new();
-            for &n in list {
-                if !seen.insert(n) {
-                    return Err(TableError::DuplicateReplica(p, n));
+        let incoming = vec![Vec::new(); replicas.len()];
+        check(&replicas, &incoming)?;
+        Ok(Self {
+            epoch,
+            changed: vec![epoch; replicas.len()],
+            replicas,
+            incoming,
+        })
+    }
+
+    /// The table one epoch later with these lists; partitions whose lists differ from this
+    /// table's are stamped with the new epoch.
+    pub fn next(
+        &self,
+        replicas: Vec<Vec<NodeId>>,
+        incoming: Vec<Vec<NodeId>>,
+    ) -> Result<Self, TableError> {
+        if replicas.len() != self.replicas.len() {
+            return Err(TableError::WrongSize {
+                want: self.replicas.len(),
+                got: replicas.len(),
+            });
+        }
+        check(&replicas, &incoming)?;
+        let epoch = self.epoch + 1;
+        let changed = (0..replicas.len())
+            .map(|p| {
+                if replicas[p] == self.replicas[p] && incoming[p] == self.incoming[p] {
+                    self.changed[p]
+                } else {
+                    epoch
                 }
-            }
-        }
-        Ok(Self { epoch, replicas })
+            })
+            .collect();
+        Ok(Self {
+            epoch,
+            replicas,
+            incoming,
+            changed,
+        })
     }
 
     #[must_use]
@@ -55,7 +119,7 @@ impl PartitionTable {
         self.replicas.len() as u32
     }
 
-    /// Replica list of partition `p`, primary first.
+    /// Complete copies of partition `p`, primary first; empty if the partition is lost.
     ///
     /// # Panics
     /// If `p` is out of range: partition ids come from hashing modulo [`Self::partitions`].
@@ -64,13 +128,44 @@ impl PartitionTable {
         &self.replicas[p as usize]
     }
 
-    /// All replica lists, indexed by partition.
+    /// Nodes receiving a copy of partition `p` (not yet readable there).
+    ///
+    /// # Panics
+    /// If `p` is out of range.
+    #[must_use]
+    pub fn incoming(&self, p: PartitionId) -> &[NodeId] {
+        &self.incoming[p as usize]
+    }
+
+    /// The epoch at which partition `p`'s lists last changed: requests routed before it are
+    /// stale for `p`.
+    ///
+    /// # Panics
+    /// If `p` is out of range.
+    #[must_use]
+    pub fn changed(&self, p: PartitionId) -> Epoch {
+        self.changed[p as usize]
+    }
+
+    /// The primary of `p`, unless the partition is lost.
+    #[must_use]
+    pub fn primary(&self, p: PartitionId) -> Option<NodeId> {
+        self.replicas.get(p as usize).and_then(|l| l.first().copied())
+    }
+
+    /// All complete replica lists, indexed by partition.
     #[must_use]
     pub fn all(&self) -> &[Vec<NodeId>] {
         &self.replicas
     }
 
-    /// Does `node` hold a copy of partition `p`?
+    /// All incoming lists, indexed by partition.
+    #[must_use]
+    pub fn all_incoming(&self) -> &[Vec<NodeId>] {
+        &self.incoming
+    }
+
+    /// Does `node` hold a complete copy of partition `p`?
     #[must_use]
     pub fn holds(&self, node: NodeId, p: PartitionId) -> bool {
         self.replicas
@@ -78,13 +173,26 @@ impl PartitionTable {
             .is_some_and(|l| l.contains(&node))
     }
 
-    /// The nodes that appear in the table.
+    /// Is `node` receiving a copy of partition `p`?
     #[must_use]
-    pub fn nodes(&self) -> BTreeSet<NodeId> {
-        self.replicas.iter().flatten().copied().collect()
+    pub fn receives(&self, node: NodeId, p: PartitionId) -> bool {
+        self.incoming
+            .get(p as usize)
+            .is_some_and(|l| l.contains(&node))
     }
 
-    /// How many partition copies each node holds.
+    /// The nodes that appear in the table (holding or receiving).
+    #[must_use]
+    pub fn nodes(&self) -> BTreeSet<NodeId> {
+        self.replicas
+            .iter()
+            .chain(&self.incoming)
+            .flatten()
+            .copied()
+            .collect()
+    }
+
+    /// How many complete partition copies each node holds.
     #[must_use]
     pub fn load(&self) -> BTreeMap<NodeId, usize> {
         let mut m = BTreeMap::new();
@@ -92,6 +200,25 @@ impl PartitionTable {
             *m.entry(n).or_insert(0) += 1;
         }
         m
+    }
+
+    /// Partitions with no copy left.
+    pub fn lost(&self) -> impl Iterator<Item = PartitionId> + '_ {
+        (0..self.partitions()).filter(|&p| self.replicas[p as usize].is_empty())
+    }
+
+    /// Partitions that are not lost but have fewer than `r` complete copies.
+    pub fn degraded(&self, r: u8) -> impl Iterator<Item = PartitionId> + '_ {
+        (0..self.partitions()).filter(move |&p| {
+            let n = self.replicas[p as usize].len();
+            n > 0 && n < usize::from(r)
+        })
+    }
+
+    /// Number of partition copies being received.
+    #[must_use]
+    pub fn copies_incoming(&self) -> usize {
+        self.incoming.iter().map(Vec::len).sum()
     }
 
     /// Number of partition copies placed on a node that did not hold them in `prev`: the data
@@ -129,5 +256,41 @@ mod tests {
         assert_eq!(t.load(), BTreeMap::from([(1, 1), (2, 2), (3, 1)]));
         let u = PartitionTable::new(4, vec![vec![1, 4], vec![2, 3]]).unwrap();
         assert_eq!(u.moves_from(&t), 1);
+    }
+
+    #[test]
+    fn next_stamps_only_changed_partitions() {
+        let t = PartitionTable::new(3, vec![vec![1, 2], vec![2, 3], vec![3, 1]]).unwrap();
+        // Node 2 died: partition 0 and 1 lose it, partition 1 gets node 1 as an incoming copy.
+        let u = t
+            .next(
+                vec![vec![1], vec![3], vec![3, 1]],
+                vec![vec![], vec![1], vec![]],
+            )
+            .unwrap();
+        assert_eq!(u.epoch(), 4);
+        assert_eq!((u.changed(0), u.changed(1), u.changed(2)), (4, 4, 3));
+        assert!(u.receives(1, 1) && !u.holds(1, 1));
+        assert_eq!(u.primary(1), Some(3));
+        assert_eq!(u.degraded(2).collect::<Vec<_>>(), vec![0, 1]);
+        assert_eq!(u.copies_incoming(), 1);
+        // A lost partition, and the errors.
+        let v = u
+            .next(vec![vec![], vec![3], vec![3]], vec![vec![]; 3])
+            .unwrap();
+        assert_eq!(v.lost().collect::<Vec<_>>(), vec![0]);
+        assert_eq!(v.primary(0), None);
+        assert_eq!(
+            u.next(vec![vec![], vec![3], vec![3]], vec![vec![1], vec![], vec![]]),
+            Err(TableError::NoSource(0))
+        );
+        assert_eq!(
+            u.next(vec![vec![1], vec![3], vec![3]], vec![vec![1], vec![], vec![]]),
+            Err(TableError::DuplicateReplica(0, 1))
+        );
+        assert!(matches!(
+            u.next(vec![vec![1]], vec![vec![]]),
+            Err(TableError::WrongSize { .. })
+        ));
     }
 }

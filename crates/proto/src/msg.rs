@@ -244,6 +244,31 @@ pub enum Op {
     DirDestroy { dir: Ino },
     /// Reply: `Stats`.
     NodeStats,
+    /// Sent by `node`, which is receiving `partition`, to the partition's primary: the next
+    /// page of the changes since the previous round (round 0: everything). Page 0 of a round
+    /// takes a new snapshot of the partition; `from` pages through it. With `fence`, the
+    /// primary refuses changes to the partition (retryable `NotReady`) until it installs a
+    /// table in which the partition changed, or a few seconds pass: the last round then leaves
+    /// nothing behind. Reply: `SyncPage`, the stripe bytes of its items in the payload.
+    SyncPull {
+        partition: PartitionId,
+        node: NodeId,
+        round: u32,
+        from: u64,
+        fence: bool,
+    },
+}
+
+/// One piece of a partition's state, sent by the primary to a node receiving the partition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SyncItem {
+    /// A stripe whose `len` bytes come next in the payload.
+    Stripe { file: Ino, index: u64, len: u32 },
+    NoStripe { file: Ino, index: u64 },
+    Inode(Inode),
+    NoInode(Ino),
+    Entry { dir: Ino, name: Name, entry: DirEntry },
+    NoEntry { dir: Ino, name: Name },
 }
 
 /// Requests. Storage servers answer `Op`; the manager answers the rest.
@@ -252,6 +277,19 @@ pub enum Request {
     Op {
         epoch: Epoch,
         op: Op,
+    },
+    /// A metadata change the primary of its partition forwards to the other replicas before
+    /// applying it itself; replicas apply it as they would the `Op`. Reply: as for `Op`.
+    Replica {
+        epoch: Epoch,
+        op: Op,
+    },
+    /// A server finished receiving a partition (to the manager). Reply: `Ok`, or `Invalid` if
+    /// the table moved on and the copy is no longer wanted.
+    SyncDone {
+        node: NodeId,
+        partition: PartitionId,
+        epoch: Epoch,
     },
     /// A storage server joins. Reply: `Registered`.
     Register {
@@ -285,6 +323,11 @@ pub enum Response {
         more: bool,
     },
     Stats(NodeStats),
+    SyncPage {
+        items: Vec<SyncItem>,
+        /// Where the next page of this round starts; `None` when the round is complete.
+        next: Option<u64>,
+    },
     Registered {
         node: NodeId,
         config: ClusterConfig,
@@ -322,6 +365,8 @@ pub enum ErrorCode {
     NotReady(String),
     #[error("server error: {0}")]
     Internal(String),
+    #[error("partition {0} is lost: every copy of it was on servers that died")]
+    Lost(PartitionId),
 }
 
 impl ErrorCode {
@@ -338,7 +383,7 @@ impl ErrorCode {
             Self::NameTooLong => 36,                           // ENAMETOOLONG
             Self::Invalid(_) => 22,                            // EINVAL
             Self::StaleEpoch { .. } | Self::NotReady(_) => 11, // EAGAIN
-            Self::Internal(_) => 5,                            // EIO
+            Self::Internal(_) | Self::Lost(_) => 5,            // EIO
         }
     }
 }
@@ -381,6 +426,9 @@ pub struct NodeStats {
     pub meta_ops: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
+    /// Partitions this node is receiving right now, and bytes received by syncs so far.
+    pub syncing: u32,
+    pub synced_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -401,6 +449,11 @@ pub struct ClusterStatus {
     pub epoch: Option<Epoch>,
     pub expected_servers: u32,
     pub nodes: Vec<NodeStatus>,
+    /// Partitions with fewer complete copies than the replication factor, with none left, and
+    /// partition copies being received (rebuilds and migrations).
+    pub degraded: u32,
+    pub lost: u32,
+    pub incoming: u32,
 }
 
 /// Validates one name component.

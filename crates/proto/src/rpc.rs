@@ -168,11 +168,11 @@ impl Sender {
     }
 }
 
-type Reply = Result<(Response, Bytes), RpcError>;
+type Answer = Result<(Response, Bytes), RpcError>;
 
 #[derive(Default)]
 struct Pending {
-    waiting: HashMap<u64, oneshot::Sender<Reply>>,
+    waiting: HashMap<u64, oneshot::Sender<Answer>>,
     /// Set once the connection is gone; no new request may wait after that.
     closed: Option<String>,
 }
@@ -339,7 +339,7 @@ impl Drop for RpcClient {
 /// The answer to a request sent with [`RpcClient::send`].
 pub struct Waiter {
     id: u64,
-    rx: oneshot::Receiver<Reply>,
+    rx: oneshot::Receiver<Answer>,
     shared: Arc<Shared>,
     timeout: Duration,
 }
@@ -373,8 +373,15 @@ fn whole_frame(buf: &[u8]) -> bool {
 }
 
 /// Serves requests. `handle` runs once per request, in arrival order within a connection.
+/// A handler's answer: ready now (store operations), or after other servers answered (a
+/// replicated metadata change). Either way a connection's answers go out in request order.
+pub enum Reply {
+    Now(Response, Bytes),
+    Later(std::pin::Pin<Box<dyn std::future::Future<Output = (Response, Bytes)> + Send>>),
+}
+
 pub trait Handler: Send + Sync + 'static {
-    fn handle(&self, req: Request, payload: Bytes) -> (Response, Bytes);
+    fn handle(&self, req: Request, payload: Bytes) -> Reply;
 }
 
 /// Accepts connections until the listener fails; each one is served on its own task.
@@ -435,7 +442,10 @@ pub async fn serve_connection(
                 break;
             }
         };
-        let (resp, payload) = handler.handle(req, frame.payload);
+        let (resp, payload) = match handler.handle(req, frame.payload) {
+            Reply::Now(resp, payload) => (resp, payload),
+            Reply::Later(answer) => answer.await,
+        };
         let head = postcard::to_allocvec(&resp)
             .map_err(|e| e.to_string())
             .and_then(|h| {
@@ -479,12 +489,12 @@ mod tests {
     /// Echoes the payload back; `NodeStats` answers an error.
     struct Echo;
     impl Handler for Echo {
-        fn handle(&self, req: Request, payload: Bytes) -> (Response, Bytes) {
+        fn handle(&self, req: Request, payload: Bytes) -> Reply {
             match req {
                 Request::Op {
                     op: Op::NodeStats, ..
-                } => (Response::Error(ErrorCode::NotFound), Bytes::new()),
-                _ => (Response::Ok, payload),
+                } => Reply::Now(Response::Error(ErrorCode::NotFound), Bytes::new()),
+                _ => Reply::Now(Response::Ok, payload),
             }
         }
     }
