@@ -1,51 +1,140 @@
 //! Turns requests into store operations, after checking the table epoch and that this node
 //! holds the partition the key hashes to.
+//!
+//! Replication: data writes reach every replica from the client. Metadata changes go to the
+//! partition's primary, which forwards them to the other replicas, waits for them, and only
+//! then applies the change itself, one change per partition at a time: every replica applies
+//! the same changes in the same order, and a conditional change (exclusive create, remove if
+//! empty) decides the same way everywhere. A copy being built (rebuild, migration) is filled by
+//! [`crate::sync`] pulling snapshots and deltas from the primary ([`Op::SyncPull`]).
 
-use crate::store::Store;
-use bytes::Bytes;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use crate::peers::Peers;
+use crate::store::{Delta, Snapshot, Store};
+use bytes::{Bytes, BytesMut};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 use tessera_placement::{meta_partition, stripe_partition, Epoch, NodeId, PartitionId};
 use tessera_proto::{
-    BufferPool, ClusterConfig, ErrorCode, Handler, NodeStats, Op, Request, Response, TableInfo,
+    BufferPool, ClusterConfig, ErrorCode, Handler, NodeStats, Op, Reply, Request, Response,
+    RpcConfig, TableInfo,
 };
 use tokio::sync::Notify;
+use tracing::{debug, info, warn};
+
+/// How long a primary keeps trying to reach a mirror before failing a change (the manager
+/// declares a dead server within a few seconds, which ends the wait sooner).
+const FORWARD_PATIENCE: Duration = Duration::from_secs(30);
+/// A fence that the table has not lifted by then is lifted anyway (the sync was abandoned).
+pub const FENCE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A sync page carries at most this many stripe bytes, or this many items.
+const PAGE_BYTES: usize = 16 << 20;
+const PAGE_ITEMS: usize = 8192;
 
 /// A partition table and the partitions this node holds in it (node-wide operations visit
 /// only those).
-struct Installed {
-    info: TableInfo,
+pub struct Installed {
+    pub info: TableInfo,
     held: Vec<PartitionId>,
+    /// The latest change epoch of any partition this node holds or receives: node-wide
+    /// operations routed before it may have missed a copy here.
+    node_changed: Epoch,
+}
+
+/// One node's pull of one partition, as the primary sees it: the last snapshot sent and the
+/// round being paged through.
+struct Session {
+    round: u32,
+    base: Snapshot,
+    delta: Delta,
 }
 
 pub struct NodeHandler {
     node: NodeId,
     config: ClusterConfig,
-    store: Store,
+    pub(crate) store: Store,
     /// The table and the partitions this node holds in it.
     table: RwLock<Option<Arc<Installed>>>,
     /// Wakes the heartbeat task to fetch the table now.
     refresh: Notify,
+    /// Wakes the sync task when a new table is installed.
+    pub(crate) installed: Notify,
     load: AtomicU32,
+    pub(crate) peers: Peers,
+    /// One replicated metadata change (or fencing) per partition at a time, at the primary.
+    meta_locks: Vec<tokio::sync::Mutex<()>>,
+    sessions: Mutex<HashMap<(PartitionId, NodeId), Session>>,
+    /// Partitions fenced for a sync's last round: the epoch they were fenced at, and when.
+    fences: Mutex<HashMap<PartitionId, (Epoch, Instant)>>,
+    /// Fault injection: every stripe request waits this long first (a slow node).
+    fault_delay: Duration,
+    pub(crate) syncing: AtomicU32,
+    pub(crate) synced_bytes: AtomicU64,
 }
 
-type Reply = (Response, Bytes);
+type Answer = (Response, Bytes);
 
-fn err(e: ErrorCode) -> Reply {
+fn err(e: ErrorCode) -> Answer {
     (Response::Error(e), Bytes::new())
+}
+
+fn stale(current: Epoch) -> ErrorCode {
+    ErrorCode::StaleEpoch { current }
+}
+
+/// Metadata operations that change state: these are replicated through the primary.
+fn is_meta_change(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::InodeCreate { .. }
+            | Op::InodeSetAttr { .. }
+            | Op::InodeExtend { .. }
+            | Op::InodeLink { .. }
+            | Op::InodeOpen { .. }
+            | Op::InodeClose { .. }
+            | Op::DirInsert { .. }
+            | Op::DirRemove { .. }
+            | Op::DirRename { .. }
+            | Op::DirDestroy { .. }
+    )
 }
 
 impl NodeHandler {
     #[must_use]
-    pub fn new(node: NodeId, config: ClusterConfig, capacity: u64, pool: Arc<BufferPool>) -> Self {
+    pub fn new(
+        node: NodeId,
+        config: ClusterConfig,
+        capacity: u64,
+        pool: Arc<BufferPool>,
+        rpc: Arc<RpcConfig>,
+    ) -> Self {
         Self {
             node,
             config,
             store: Store::new(config.partitions, config.stripe_size, capacity, pool),
             table: RwLock::new(None),
             refresh: Notify::new(),
+            installed: Notify::new(),
             load: AtomicU32::new(0),
+            peers: Peers::new(rpc),
+            meta_locks: (0..config.partitions)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
+            sessions: Mutex::default(),
+            fences: Mutex::default(),
+            fault_delay: Duration::ZERO,
+            syncing: AtomicU32::new(0),
+            synced_bytes: AtomicU64::new(0),
         }
+    }
+
+    /// Makes every stripe request wait `delay` first: a slow or overloaded node, for tests and
+    /// benchmarks of replica choice.
+    #[must_use]
+    pub fn with_fault_delay(mut self, delay: Duration) -> Self {
+        self.fault_delay = delay;
+        self
     }
 
     #[must_use]
@@ -53,7 +142,7 @@ impl NodeHandler {
         self.node
     }
 
-    fn table(&self) -> Option<Arc<Installed>> {
+    pub(crate) fn table(&self) -> Option<Arc<Installed>> {
         self.table
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -65,22 +154,95 @@ impl NodeHandler {
         self.table().map(|t| t.info.table.epoch())
     }
 
-    /// Installs a table (ignoring one older than ours).
+    /// Installs a table (ignoring one older than ours): forgets partitions this node no longer
+    /// holds or receives, and lifts fences the table settled.
     pub fn install(&self, info: TableInfo) {
-        let mut t = self.table.write().unwrap_or_else(PoisonError::into_inner);
-        if t.as_ref()
-            .is_none_or(|cur| cur.info.table.epoch() < info.table.epoch())
-        {
-            tracing::info!(epoch = info.table.epoch(), "installed partition table");
-            let held = (0..info.table.partitions())
-                .filter(|&p| info.table.holds(self.node, p))
+        let old = {
+            let mut t = self.table.write().unwrap_or_else(PoisonError::into_inner);
+            if t.as_ref()
+                .is_some_and(|cur| cur.info.table.epoch() >= info.table.epoch())
+            {
+                return;
+            }
+            let table = &info.table;
+            let me = self.node;
+            let held = (0..table.partitions())
+                .filter(|&p| table.holds(me, p))
                 .collect();
-            *t = Some(Arc::new(Installed { info, held }));
+            let node_changed = (0..table.partitions())
+                .filter(|&p| table.holds(me, p) || table.receives(me, p))
+                .map(|p| table.changed(p))
+                .max()
+                .unwrap_or(0);
+            info!(epoch = table.epoch(), "installed partition table");
+            t.replace(Arc::new(Installed {
+                info,
+                held,
+                node_changed,
+            }))
+        };
+        let Some(new) = self.table() else { return };
+        let table = &new.info.table;
+        if let Some(old) = old {
+            for p in 0..table.partitions() {
+                let had =
+                    old.info.table.holds(self.node, p) || old.info.table.receives(self.node, p);
+                if had && !table.holds(self.node, p) && !table.receives(self.node, p) {
+                    debug!(
+                        partition = p,
+                        "dropping a partition copy no longer wanted here"
+                    );
+                    let _ = self.store.clear(p);
+                }
+            }
         }
+        self.lift_fences(|p, at, _| table.changed(p) > at);
+        self.sessions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|&(p, n), _| table.primary(p) == Some(self.node) && table.receives(n, p));
+        self.installed.notify_waiters();
+    }
+
+    fn lift_fences(&self, done: impl Fn(PartitionId, Epoch, Instant) -> bool) {
+        let mut fences = self.fences.lock().unwrap_or_else(PoisonError::into_inner);
+        fences.retain(|&p, &mut (at, since)| {
+            if done(p, at, since) {
+                let _ = self.store.fence(p, false);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// Lifts fences the table never settled (an abandoned sync). Returns whether any remain:
+    /// while some do, the table is worth polling often.
+    pub fn expire_fences(&self) -> bool {
+        let now = Instant::now();
+        self.lift_fences(|p, _, since| {
+            let expired = now.duration_since(since) > FENCE_TIMEOUT;
+            if expired {
+                warn!(
+                    partition = p,
+                    "lifting a sync fence the table never settled"
+                );
+            }
+            expired
+        });
+        !self
+            .fences
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
     }
 
     pub async fn refresh_wanted(&self) {
         self.refresh.notified().await;
+    }
+
+    pub(crate) fn want_refresh(&self) {
+        self.refresh.notify_one();
     }
 
     #[must_use]
@@ -97,6 +259,8 @@ impl NodeHandler {
             meta_ops: c.meta_ops.load(Ordering::Relaxed),
             bytes_read: c.bytes_read.load(Ordering::Relaxed),
             bytes_written: c.bytes_written.load(Ordering::Relaxed),
+            syncing: self.syncing.load(Ordering::Relaxed),
+            synced_bytes: self.synced_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -120,42 +284,194 @@ impl NodeHandler {
             | Op::DirList { dir, .. }
             | Op::DirRename { dir, .. }
             | Op::DirDestroy { dir } => Some(meta_partition(*dir, p)),
+            Op::SyncPull { partition, .. } => Some(*partition),
             Op::TruncateStripes { .. } | Op::DropFile { .. } | Op::NodeStats => None,
         }
     }
 
-    fn serve_op(&self, epoch: Epoch, op: Op, payload: Bytes) -> Reply {
-        let Some(installed) = self.table() else {
-            self.refresh.notify_one();
-            return err(ErrorCode::NotReady(
-                "this server has no partition table yet".into(),
-            ));
-        };
-        let (table, held) = (&installed.info, &installed.held);
-        let current = table.table.epoch();
-        if epoch != current {
-            if epoch > current {
-                self.refresh.notify_one();
-            }
-            return err(ErrorCode::StaleEpoch { current });
+    /// Is a request routed at `epoch` for `part` (or node-wide) still valid here?
+    fn check(
+        &self,
+        t: &Installed,
+        epoch: Epoch,
+        part: Option<PartitionId>,
+    ) -> Result<(), ErrorCode> {
+        let table = &t.info.table;
+        let current = table.epoch();
+        if epoch > current {
+            self.want_refresh();
+            return Err(stale(current));
         }
-        let part = self.partition(&op);
-        if let Some(p) = part {
-            if !table.table.holds(self.node, p) {
-                return err(ErrorCode::StaleEpoch { current });
+        match part {
+            Some(p) if p >= table.partitions() => {
+                Err(ErrorCode::Invalid(format!("no partition {p}")))
             }
+            Some(p) if !table.holds(self.node, p) || epoch < table.changed(p) => {
+                Err(stale(current))
+            }
+            None if epoch < t.node_changed => Err(stale(current)),
+            _ => Ok(()),
+        }
+    }
+
+    fn serve(self: &Arc<Self>, epoch: Epoch, op: Op, payload: Bytes) -> Reply {
+        let Some(t) = self.table() else {
+            self.want_refresh();
+            return now(err(ErrorCode::NotReady(
+                "this server has no partition table yet".into(),
+            )));
+        };
+        let part = self.partition(&op);
+        if let Op::SyncPull {
+            partition,
+            node,
+            round,
+            from,
+            fence,
+        } = op
+        {
+            return self.sync_pull(&t, epoch, partition, node, round, from, fence);
+        }
+        if let Err(e) = self.check(&t, epoch, part) {
+            return now(err(e));
         }
         let p = part.unwrap_or(0);
+        if is_meta_change(&op) && t.info.table.replicas(p).len() > 1 {
+            if t.info.table.primary(p) != Some(self.node) {
+                return now(err(stale(t.info.table.epoch())));
+            }
+            let h = self.clone();
+            return Reply::Later(Box::pin(async move { h.replicate(epoch, p, op).await }));
+        }
+        if !self.fault_delay.is_zero()
+            && matches!(op, Op::ReadStripe { .. } | Op::WriteStripe { .. })
+        {
+            let h = self.clone();
+            return Reply::Later(Box::pin(async move {
+                tokio::time::sleep(h.fault_delay).await;
+                h.apply(&t.held, p, op, payload)
+            }));
+        }
+        now(self.apply(&t.held, p, op, payload))
+    }
+
+    /// A metadata change at the primary: the mirrors first, then here.
+    async fn replicate(self: Arc<Self>, epoch: Epoch, p: PartitionId, op: Op) -> Answer {
+        let _one_at_a_time = self.meta_locks[p as usize].lock().await;
+        if self.store.is_fenced(p) {
+            return err(ErrorCode::NotReady(format!(
+                "partition {p} is finishing a copy to another server"
+            )));
+        }
+        let Some(t) = self.table() else {
+            return err(ErrorCode::NotReady("no partition table".into()));
+        };
+        if t.info.table.primary(p) != Some(self.node) {
+            return err(stale(t.info.table.epoch()));
+        }
+        let mirrors: Vec<NodeId> = t.info.table.replicas(p)[1..].to_vec();
+        let sent =
+            futures::future::join_all(mirrors.iter().map(|&m| self.forward(m, epoch, p, &op)))
+                .await;
+        if let Some(e) = sent.into_iter().find_map(Result::err) {
+            return err(e);
+        }
+        let held = self.table().map(|t| t.held.clone()).unwrap_or_default();
+        self.apply(&held, p, op, Bytes::new())
+    }
+
+    /// Delivers a change to mirror `m`. Done when the mirror answered (applied, or refused the
+    /// same way this node will), or when the table no longer lists it as a replica (it died).
+    async fn forward(
+        &self,
+        m: NodeId,
+        epoch: Epoch,
+        p: PartitionId,
+        op: &Op,
+    ) -> Result<(), ErrorCode> {
+        let req = Request::Replica {
+            epoch,
+            op: op.clone(),
+        };
+        let deadline = Instant::now() + FORWARD_PATIENCE;
+        loop {
+            let t = self
+                .table()
+                .ok_or_else(|| ErrorCode::NotReady("no partition table".into()))?;
+            let table = &t.info.table;
+            if !table.replicas(p).contains(&m) {
+                return Ok(());
+            }
+            if table.primary(p) != Some(self.node) {
+                return Err(stale(table.epoch()));
+            }
+            let addr = t.info.nodes.iter().find(|n| n.id == m).map(|n| n.addr);
+            let outcome = match addr {
+                Some(addr) => match self.peers.get(addr).await {
+                    Ok(c) => c.call(&req, Bytes::new()).await.map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                },
+                None => Err(format!("node {m} has no address in the table")),
+            };
+            match outcome {
+                Ok((Response::Error(ErrorCode::StaleEpoch { current }), _))
+                    if current > table.epoch() =>
+                {
+                    self.want_refresh();
+                }
+                Ok((Response::Error(ErrorCode::StaleEpoch { .. } | ErrorCode::NotReady(_)), _)) => {
+                }
+                Ok(_) => return Ok(()),
+                Err(e) => {
+                    debug!(
+                        mirror = m,
+                        partition = p,
+                        "forward failed, waiting for the table: {e}"
+                    );
+                    self.want_refresh();
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(ErrorCode::Internal(format!(
+                    "mirror node {m} of partition {p} did not take a change for {FORWARD_PATIENCE:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A change forwarded by the primary of its partition.
+    fn serve_replica(&self, epoch: Epoch, op: Op) -> Answer {
+        let Some(t) = self.table() else {
+            self.want_refresh();
+            return err(ErrorCode::NotReady("no partition table yet".into()));
+        };
+        let table = &t.info.table;
+        if epoch > table.epoch() {
+            self.want_refresh();
+            return err(stale(table.epoch()));
+        }
+        let Some(p) = self.partition(&op).filter(|&p| p < table.partitions()) else {
+            return err(ErrorCode::Invalid("not a partition change".into()));
+        };
+        // Taken only as a mirror: a node that became primary must not apply a stale
+        // primary's changes behind its own.
+        if !is_meta_change(&op) || !table.holds(self.node, p) || table.primary(p) == Some(self.node)
+        {
+            return err(stale(table.epoch()));
+        }
+        self.apply(&t.held, p, op, Bytes::new())
+    }
+
+    fn apply(&self, held: &[PartitionId], p: PartitionId, op: Op, payload: Bytes) -> Answer {
         let held = || held.iter().copied();
         let s = &self.store;
-        let result: Result<Reply, ErrorCode> = match op {
+        let result: Result<Answer, ErrorCode> = match op {
             Op::WriteStripe {
                 file,
                 stripe,
                 offset,
-            } => s
-                .write(p, file, stripe, offset, payload)
-                .map(|()| (Response::Ok, Bytes::new())),
+            } => s.write(p, file, stripe, offset, payload).map(|()| ok()),
             Op::ReadStripe {
                 file,
                 stripe,
@@ -208,33 +524,151 @@ impl NodeHandler {
                 .map(|r| (Response::Replaced(r), Bytes::new())),
             Op::DirDestroy { dir } => s.dir_destroy(p, dir).map(|()| ok()),
             Op::NodeStats => Ok((Response::Stats(self.stats()), Bytes::new())),
+            Op::SyncPull { .. } => Err(ErrorCode::Invalid("a sync pull is not applied".into())),
         };
         result.unwrap_or_else(err)
     }
+
+    /// The primary's side of a sync: page `from` of round `round` of `node`'s pull of
+    /// partition `p`. Page 0 takes a new snapshot (fencing the partition first, if asked).
+    #[allow(clippy::too_many_arguments)]
+    fn sync_pull(
+        self: &Arc<Self>,
+        t: &Installed,
+        epoch: Epoch,
+        p: PartitionId,
+        node: NodeId,
+        round: u32,
+        from: u64,
+        fence: bool,
+    ) -> Reply {
+        let table = &t.info.table;
+        if epoch > table.epoch() {
+            self.want_refresh();
+            return now(err(stale(table.epoch())));
+        }
+        if p >= table.partitions() {
+            return now(err(ErrorCode::Invalid(format!("no partition {p}"))));
+        }
+        if table.primary(p) != Some(self.node)
+            || !table.receives(node, p)
+            || epoch < table.changed(p)
+        {
+            return now(err(stale(table.epoch())));
+        }
+        if from > 0 {
+            return now(self.page(p, node, round, from));
+        }
+        let fence_epoch = table.epoch();
+        if !fence {
+            return now(self.start_round(p, node, round));
+        }
+        // Fenced after any replicated change in flight on this partition has finished.
+        let h = self.clone();
+        Reply::Later(Box::pin(async move {
+            let _one_at_a_time = h.meta_locks[p as usize].lock().await;
+            if let Err(e) = h.store.fence(p, true) {
+                return err(e);
+            }
+            h.fences
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(p, (fence_epoch, Instant::now()));
+            h.start_round(p, node, round)
+        }))
+    }
+
+    /// Starts round `round` of `node`'s pull of `p`: a snapshot, and its changes since the
+    /// previous round's snapshot (everything, for round 0).
+    fn start_round(&self, p: PartitionId, node: NodeId, round: u32) -> Answer {
+        let snap = match self.store.snapshot(p) {
+            Ok(s) => s,
+            Err(e) => return err(e),
+        };
+        let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
+        let base = match sessions.remove(&(p, node)) {
+            _ if round == 0 => None,
+            Some(s) if s.round + 1 == round => Some(s.base),
+            _ => {
+                return err(ErrorCode::Invalid(format!(
+                    "no round {} of partition {p} to continue from: start the copy again",
+                    round - 1
+                )))
+            }
+        };
+        let delta = snap.delta_from(base.as_ref());
+        sessions.insert(
+            (p, node),
+            Session {
+                round,
+                base: snap,
+                delta,
+            },
+        );
+        drop(sessions);
+        self.page(p, node, round, 0)
+    }
+
+    fn page(&self, p: PartitionId, node: NodeId, round: u32, from: u64) -> Answer {
+        let sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(s) = sessions.get(&(p, node)).filter(|s| s.round == round) else {
+            return err(ErrorCode::Invalid(format!(
+                "no round {round} of partition {p} in progress: start the copy again"
+            )));
+        };
+        let items = &s.delta.items;
+        let start = usize::try_from(from).unwrap_or(usize::MAX).min(items.len());
+        // Stripe bytes of the items before `start`, to find where this page's data begins.
+        let mut stripe_no = items[..start]
+            .iter()
+            .filter(|i| matches!(i, tessera_proto::SyncItem::Stripe { .. }))
+            .count();
+        let mut out = Vec::new();
+        let mut data = BytesMut::new();
+        let mut end = start;
+        while end < items.len() && out.len() < PAGE_ITEMS && data.len() < PAGE_BYTES {
+            if matches!(items[end], tessera_proto::SyncItem::Stripe { .. }) {
+                data.extend_from_slice(&s.delta.data[stripe_no]);
+                stripe_no += 1;
+            }
+            out.push(items[end].clone());
+            end += 1;
+        }
+        let next = (end < items.len()).then_some(end as u64);
+        (Response::SyncPage { items: out, next }, data.freeze())
+    }
 }
 
-fn ok() -> Reply {
+fn now(a: Answer) -> Reply {
+    Reply::Now(a.0, a.1)
+}
+fn ok() -> Answer {
     (Response::Ok, Bytes::new())
 }
-fn inode(i: tessera_proto::Inode) -> Reply {
+fn inode(i: tessera_proto::Inode) -> Answer {
     (Response::Inode(i), Bytes::new())
 }
-fn links((nlink, drop_data): (u32, bool)) -> Reply {
+fn links((nlink, drop_data): (u32, bool)) -> Answer {
     (Response::Links { nlink, drop_data }, Bytes::new())
 }
 
-impl Handler for NodeHandler {
-    fn handle(&self, req: Request, payload: Bytes) -> (Response, Bytes) {
+/// The RPC face of a node: requests come in through here.
+pub struct Service(pub Arc<NodeHandler>);
+
+impl Handler for Service {
+    fn handle(&self, req: Request, payload: Bytes) -> Reply {
+        let h = &self.0;
         match req {
             Request::Op { epoch, op } => {
-                self.load.fetch_add(1, Ordering::Relaxed);
-                let reply = self.serve_op(epoch, op, payload);
-                self.load.fetch_sub(1, Ordering::Relaxed);
+                h.load.fetch_add(1, Ordering::Relaxed);
+                let reply = h.serve(epoch, op, payload);
+                h.load.fetch_sub(1, Ordering::Relaxed);
                 reply
             }
-            _ => err(ErrorCode::Invalid(
+            Request::Replica { epoch, op } => now(h.serve_replica(epoch, op)),
+            _ => now(err(ErrorCode::Invalid(
                 "a storage server only serves file operations".into(),
-            )),
+            ))),
         }
     }
 }
@@ -247,7 +681,15 @@ mod tests {
 
     const P: u32 = 16;
 
-    fn handler(node: NodeId) -> (NodeHandler, TableInfo) {
+    /// The answer of a request served at once.
+    fn answer(r: Reply) -> Response {
+        match r {
+            Reply::Now(resp, _) => resp,
+            Reply::Later(_) => panic!("expected an answer at once"),
+        }
+    }
+
+    fn handler(node: NodeId) -> (Service, TableInfo) {
         let config = ClusterConfig {
             partitions: P,
             stripe_size: 1 << 20,
@@ -280,7 +722,16 @@ mod tests {
             nodes: addrs,
         };
         (
-            NodeHandler::new(node, config, 1 << 30, Arc::new(BufferPool::new(1 << 20, 4))),
+            Service(Arc::new(NodeHandler::new(
+                node,
+                config,
+                1 << 30,
+                Arc::new(BufferPool::new(1 << 20, 4)),
+                Arc::new(RpcConfig::new(
+                    tessera_proto::Secret::new("s"),
+                    Arc::new(BufferPool::new(1 << 20, 4)),
+                )),
+            ))),
             info,
         )
     }
@@ -301,10 +752,10 @@ mod tests {
         let (h, info) = handler(1);
         let data = Bytes::from_static(b"x");
         assert!(matches!(
-            h.handle(write(1, 0, 3), data.clone()).0,
+            answer(h.handle(write(1, 0, 3), data.clone())),
             Response::Error(ErrorCode::NotReady(_))
         ));
-        h.install(info.clone());
+        h.0.install(info.clone());
         // Find one stripe this node holds and one it does not.
         let mine = (0..)
             .find(|&s| info.table.holds(1, stripe_partition(1, s, P)))
@@ -312,37 +763,38 @@ mod tests {
         let theirs = (0..)
             .find(|&s| !info.table.holds(1, stripe_partition(1, s, P)))
             .unwrap();
-        assert_eq!(h.handle(write(1, mine, 3), data.clone()).0, Response::Ok);
         assert_eq!(
-            h.handle(write(1, theirs, 3), data.clone()).0,
+            answer(h.handle(write(1, mine, 3), data.clone())),
+            Response::Ok
+        );
+        assert_eq!(
+            answer(h.handle(write(1, theirs, 3), data.clone())),
             Response::Error(ErrorCode::StaleEpoch { current: 3 })
         );
         assert_eq!(
-            h.handle(write(1, mine, 2), data.clone()).0,
+            answer(h.handle(write(1, mine, 2), data.clone())),
             Response::Error(ErrorCode::StaleEpoch { current: 3 })
         );
         assert_eq!(
-            h.handle(write(1, mine, 4), data).0,
+            answer(h.handle(write(1, mine, 4), data)),
             Response::Error(ErrorCode::StaleEpoch { current: 3 })
         );
         // An older table never replaces a newer one.
         let mut old = info;
         old.table = PartitionTable::new(2, old.table.all().to_vec()).unwrap();
-        h.install(old);
-        assert_eq!(h.epoch(), Some(3));
+        h.0.install(old);
+        assert_eq!(h.0.epoch(), Some(3));
         assert!(matches!(
-            h.handle(Request::GetTable, Bytes::new()).0,
+            answer(h.handle(Request::GetTable, Bytes::new())),
             Response::Error(ErrorCode::Invalid(_))
         ));
-        let stats = h
-            .handle(
-                Request::Op {
-                    epoch: 3,
-                    op: Op::NodeStats,
-                },
-                Bytes::new(),
-            )
-            .0;
+        let stats = answer(h.handle(
+            Request::Op {
+                epoch: 3,
+                op: Op::NodeStats,
+            },
+            Bytes::new(),
+        ));
         assert!(
             matches!(
                 stats,

@@ -1,11 +1,14 @@
 //! The Tessera storage server: holds a node's partitions in memory ([`store`]) and serves them
-//! over the wire protocol, checking every request's table epoch and partition ownership
-//! ([`handler`]); registers with the manager and reports its statistics in heartbeats.
+//! over the wire protocol, checking every request's table epoch and partition ownership and
+//! forwarding metadata changes to mirrors ([`handler`]); receives partition copies from other
+//! servers ([`sync`]); registers with the manager and reports its statistics in heartbeats.
 
 pub mod handler;
+mod peers;
 pub mod store;
+mod sync;
 
-use handler::NodeHandler;
+use handler::{NodeHandler, Service};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +21,11 @@ use tracing::{info, warn};
 
 /// Idle stripe buffers a server keeps for reuse.
 const POOL_BUFFERS: usize = 256;
+/// Default copy rate of a node receiving partitions: a fraction of what loopback carries.
+pub const DEFAULT_SYNC_RATE: u64 = 512 << 20;
+/// How often a server with fenced partitions asks for the table (the fence lasts until the
+/// table that settles the copy arrives).
+const FENCED_POLL: Duration = Duration::from_millis(10);
 /// How long a starting server keeps trying to reach the manager.
 const REGISTER_PATIENCE: Duration = Duration::from_secs(30);
 
@@ -33,6 +41,11 @@ pub struct ServerOptions {
     pub capacity: u64,
     pub label: Option<String>,
     pub heartbeat: Duration,
+    /// Bytes per second this node may receive partition copies at (rebuilds, migrations), so
+    /// foreground I/O goes on; 0 for no limit.
+    pub sync_rate: u64,
+    /// Fault injection: every stripe request waits this long (a slow, overloaded node).
+    pub fault_delay: Duration,
 }
 
 impl ServerOptions {
@@ -46,6 +59,8 @@ impl ServerOptions {
             capacity,
             label: None,
             heartbeat: Duration::from_millis(500),
+            sync_rate: DEFAULT_SYNC_RATE,
+            fault_delay: Duration::ZERO,
         }
     }
 }
@@ -152,9 +167,17 @@ pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
 
     let pool = Arc::new(BufferPool::new(config.stripe_size as usize, POOL_BUFFERS));
     let rpc = Arc::new(RpcConfig::new(opts.secret.clone(), pool.clone()));
-    let handler = Arc::new(NodeHandler::new(node, config, opts.capacity, pool));
+    let handler = Arc::new(
+        NodeHandler::new(node, config, opts.capacity, pool, rpc.clone())
+            .with_fault_delay(opts.fault_delay),
+    );
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(tessera_proto::serve(listener, rpc.clone(), handler.clone()));
+    tasks.spawn(tessera_proto::serve(
+        listener,
+        rpc.clone(),
+        Arc::new(Service(handler.clone())),
+    ));
+    tasks.spawn(sync::run(handler.clone(), opts.manager, opts.sync_rate));
     tasks.spawn(heartbeat(handler, manager, opts, rpc));
     Ok(RunningServer { addr, node, tasks })
 }
@@ -169,8 +192,13 @@ async fn heartbeat(
 ) {
     let mut conn = Some(manager);
     loop {
+        let pause = if handler.expire_fences() {
+            FENCED_POLL
+        } else {
+            opts.heartbeat
+        };
         tokio::select! {
-            () = tokio::time::sleep(opts.heartbeat) => {}
+            () = tokio::time::sleep(pause) => {}
             () = handler.refresh_wanted() => {}
         }
         if conn.as_ref().is_none_or(RpcClient::is_closed) {

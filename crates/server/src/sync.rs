@@ -1,0 +1,251 @@
+//! The receiving side of a partition copy (a rebuild after a lost server, or a migration):
+//! for every partition the table says this node receives, pull it from the partition's
+//! primary while the partition keeps serving: a snapshot, then the changes since the previous
+//! round, until a round is small; then one last round with the partition fenced (changes to
+//! it alone wait, for the length of that round and of the table update), and tell the
+//! manager, which makes this copy a replica in the next table epoch.
+//!
+//! Copies are throttled (`sync_rate` bytes per second per node) so foreground I/O goes on.
+
+use crate::handler::NodeHandler;
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use tessera_placement::{Epoch, NodeId, PartitionId};
+use tessera_proto::{ErrorCode, Op, Request, Response};
+use tracing::{debug, info, warn};
+
+/// Partitions received at once.
+const PARALLEL: usize = 2;
+/// A round with fewer changes than this is followed by the fenced last round.
+const SMALL_ROUND: usize = 64;
+/// At most this many unfenced rounds: a partition written faster than it copies is fenced
+/// after them anyway.
+const MAX_ROUNDS: u32 = 6;
+
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    #[error("the table moved on: {0}")]
+    Moved(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Runs forever: starts the copies the current table asks of this node.
+pub async fn run(h: Arc<NodeHandler>, manager: SocketAddr, rate: u64) {
+    let active: Arc<Mutex<HashSet<PartitionId>>> = Arc::default();
+    // Copies reported done, by the partition's change epoch then: not started again while the
+    // table still shows them incoming (the manager's next epoch is on its way).
+    let mut done: HashMap<PartitionId, Epoch> = HashMap::new();
+    let (tx, mut finished) = tokio::sync::mpsc::unbounded_channel::<(PartitionId, Epoch, bool)>();
+    loop {
+        let woken = h.installed.notified();
+        if let Some(t) = h.table() {
+            let table = &t.info.table;
+            done.retain(|&p, &mut at| table.receives(h.node(), p) && table.changed(p) == at);
+            let mut act = active.lock().unwrap_or_else(PoisonError::into_inner);
+            for p in 0..table.partitions() {
+                if act.len() >= PARALLEL {
+                    break;
+                }
+                if !table.receives(h.node(), p) || act.contains(&p) || done.contains_key(&p) {
+                    continue;
+                }
+                act.insert(p);
+                let (h, tx, changed) = (h.clone(), tx.clone(), table.changed(p));
+                tokio::spawn(async move {
+                    h.syncing.fetch_add(1, Ordering::Relaxed);
+                    let ok = match copy(&h, p, manager, rate / PARALLEL as u64).await {
+                        Ok(()) => true,
+                        Err(e) => {
+                            warn!(partition = p, "copy abandoned: {e}");
+                            false
+                        }
+                    };
+                    h.syncing.fetch_sub(1, Ordering::Relaxed);
+                    let _ = tx.send((p, changed, ok));
+                });
+            }
+        }
+        tokio::select! {
+            () = woken => {}
+            Some((p, changed, ok)) = finished.recv() => {
+                active.lock().unwrap_or_else(PoisonError::into_inner).remove(&p);
+                if ok {
+                    done.insert(p, changed);
+                } else {
+                    // Retried on a later table or after a pause, from scratch.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+/// Copies partition `p` from its primary, then reports it to the manager.
+async fn copy(
+    h: &NodeHandler,
+    p: PartitionId,
+    manager: SocketAddr,
+    rate: u64,
+) -> Result<(), SyncError> {
+    let t = h
+        .table()
+        .ok_or_else(|| SyncError::Moved("no table".into()))?;
+    let source = t
+        .info
+        .table
+        .primary(p)
+        .ok_or_else(|| SyncError::Moved(format!("partition {p} has no primary")))?;
+    let addr = t
+        .info
+        .nodes
+        .iter()
+        .find(|n| n.id == source)
+        .map(|n| n.addr)
+        .ok_or_else(|| SyncError::Moved(format!("node {source} has no address")))?;
+    drop(t);
+    let started = Instant::now();
+    let _ = h.store.clear(p);
+    let result = rounds(h, p, source, addr, rate).await;
+    let bytes = match result {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = h.store.clear(p);
+            return Err(e);
+        }
+    };
+    let epoch = h.epoch().unwrap_or(0);
+    let conn = h
+        .peers
+        .get(manager)
+        .await
+        .map_err(|e| SyncError::Failed(format!("manager unreachable: {e}")))?;
+    let req = Request::SyncDone {
+        node: h.node(),
+        partition: p,
+        epoch,
+    };
+    match conn.call(&req, bytes::Bytes::new()).await {
+        Ok((Response::Ok, _)) => {
+            info!(partition = p, from = source, bytes, took = ?started.elapsed(), "partition copy complete");
+            h.want_refresh();
+            Ok(())
+        }
+        Ok((other, _)) => {
+            let _ = h.store.clear(p);
+            Err(SyncError::Moved(format!(
+                "the manager declined the copy: {other:?}"
+            )))
+        }
+        Err(e) => Err(SyncError::Failed(format!("manager unreachable: {e}"))),
+    }
+}
+
+/// Pulls rounds until the fenced last one is applied. Returns the bytes received.
+async fn rounds(
+    h: &NodeHandler,
+    p: PartitionId,
+    source: NodeId,
+    addr: SocketAddr,
+    rate: u64,
+) -> Result<u64, SyncError> {
+    let started = Instant::now();
+    let mut bytes = 0u64;
+    let mut round = 0u32;
+    loop {
+        let fence = round >= MAX_ROUNDS;
+        let changes =
+            pull_round(h, p, source, addr, round, fence, rate, started, &mut bytes).await?;
+        if fence {
+            return Ok(bytes);
+        }
+        round += 1;
+        if round > 1 && changes < SMALL_ROUND {
+            pull_round(h, p, source, addr, round, true, rate, started, &mut bytes).await?;
+            return Ok(bytes);
+        }
+    }
+}
+
+/// One round, page by page. Returns the number of changes it carried.
+#[allow(clippy::too_many_arguments)]
+async fn pull_round(
+    h: &NodeHandler,
+    p: PartitionId,
+    source: NodeId,
+    addr: SocketAddr,
+    round: u32,
+    fence: bool,
+    rate: u64,
+    started: Instant,
+    bytes: &mut u64,
+) -> Result<usize, SyncError> {
+    let mut from = 0u64;
+    let mut changes = 0usize;
+    loop {
+        let still = h.table().is_some_and(|t| {
+            t.info.table.receives(h.node(), p) && t.info.table.primary(p) == Some(source)
+        });
+        if !still {
+            return Err(SyncError::Moved(format!(
+                "partition {p} is no longer copied here from node {source}"
+            )));
+        }
+        let epoch = h.epoch().unwrap_or(0);
+        let req = Request::Op {
+            epoch,
+            op: Op::SyncPull {
+                partition: p,
+                node: h.node(),
+                round,
+                from,
+                fence,
+            },
+        };
+        let conn = h
+            .peers
+            .get(addr)
+            .await
+            .map_err(|e| SyncError::Failed(format!("source node {source} unreachable: {e}")))?;
+        let (resp, data) = conn
+            .call(&req, bytes::Bytes::new())
+            .await
+            .map_err(|e| SyncError::Failed(format!("source node {source}: {e}")))?;
+        match resp {
+            Response::SyncPage { items, next } => {
+                changes += items.len();
+                *bytes += data.len() as u64;
+                h.synced_bytes
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                h.store
+                    .apply_sync(p, items, &data)
+                    .map_err(|e| SyncError::Failed(format!("cannot store the copy: {e}")))?;
+                match next {
+                    Some(n) => from = n,
+                    None => return Ok(changes),
+                }
+            }
+            Response::Error(ErrorCode::StaleEpoch { current }) => {
+                // One of us is behind: the source will catch up, or we will.
+                debug!(partition = p, current, "sync pull stale; refreshing");
+                h.want_refresh();
+                return Err(SyncError::Moved(format!(
+                    "source at epoch {current}, we at {epoch}"
+                )));
+            }
+            Response::Error(e) => return Err(SyncError::Failed(e.to_string())),
+            other => return Err(SyncError::Failed(format!("unexpected answer {other:?}"))),
+        }
+        // Throttle: keep the average at or below `rate` bytes per second.
+        if rate > 0 {
+            let due = Duration::from_secs_f64(*bytes as f64 / rate as f64);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
