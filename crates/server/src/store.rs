@@ -876,14 +876,14 @@ mod tests {
         }
     }
 
-    /// Everything a partition holds, for comparing two copies.
-    fn contents(
-        s: &Store,
-    ) -> (
+    type Contents = (
         Vec<(Ino, u64, Vec<u8>)>,
         Vec<Inode>,
         Vec<(Ino, Name, DirEntry)>,
-    ) {
+    );
+
+    /// Everything a partition holds, for comparing two copies.
+    fn contents(s: &Store) -> Contents {
         let snap = s.snapshot(0).unwrap();
         let mut stripes: Vec<_> = snap
             .stripes
