@@ -94,6 +94,36 @@ pub struct ClusterArgs {
     /// Copies of every partition (default 1).
     #[arg(long)]
     replication: Option<u8>,
+    /// Silence after which a server is declared dead and its partitions are rebuilt elsewhere
+    /// (e.g. 2s, 500ms; default 2s). Servers heartbeat every 500 ms.
+    #[arg(long, value_parser = parse_duration)]
+    dead_after: Option<Duration>,
+}
+
+/// Default for `--dead-after`: four missed heartbeats.
+pub const DEFAULT_DEAD_AFTER: Duration = Duration::from_secs(2);
+
+/// A duration such as `2s`, `1.5s`, `500ms` or `1m`; a bare number is seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (try 2s or 500ms)"))?;
+    let secs = match unit.trim() {
+        "" | "s" => v,
+        "ms" => v / 1000.0,
+        "m" | "min" => v * 60.0,
+        other => return Err(format!("unknown unit {other:?} in {s:?} (use ms, s or m)")),
+    };
+    let d = Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))?;
+    if d.is_zero() {
+        return Err("the duration must not be zero".into());
+    }
+    Ok(d)
 }
 
 impl ClusterArgs {
@@ -161,7 +191,7 @@ async fn run_manager(cli: &Cli, args: &ManagerArgs, cfg: &config::FileConfig) ->
         http_token: secret,
         expect_servers: args.expect.or(cfg.cluster.servers).unwrap_or(1),
         config: args.shape.resolve(cfg)?,
-        heartbeat_timeout: Duration::from_secs(5),
+        heartbeat_timeout: args.shape.dead_after.unwrap_or(DEFAULT_DEAD_AFTER),
         root_mode: 0o755,
     };
     let running = tessera_manager::start(opts).await?;
@@ -236,7 +266,12 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Server(a) => run_server(&cli, a, &cfg).await,
         Cmd::Mount(a) => mount::run(client(&cli, &cfg).await?, a).await,
         Cmd::Umount(a) => mount::umount(a),
-        Cmd::Status(a) => status::run(&client(&cli, &cfg).await?, a).await,
+        Cmd::Status(a) => {
+            // Straight to the manager: status works while the cluster is not (yet) usable.
+            let (manager, secret) =
+                config::endpoint(cli.manager.as_deref(), cli.secret.as_deref(), &cfg)?;
+            status::run(manager, &secret, a).await
+        }
         Cmd::Cp(a) => files::cp(&client(&cli, &cfg).await?, a).await,
         Cmd::Ls(a) => files::ls(&client(&cli, &cfg).await?, a).await,
         Cmd::Stat(a) => files::stat(&client(&cli, &cfg).await?, a).await,

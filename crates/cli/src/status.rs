@@ -1,14 +1,23 @@
-//! `tessera status`: the cluster at a glance.
+//! `tessera status`: the cluster at a glance, asked of the manager directly (so it also works
+//! while the cluster is starting or has lost data).
 
 use crate::up::human;
-use anyhow::Result;
-use tessera_client::Client;
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tessera_proto::{
+    BufferPool, ClusterStatus, NodeId, Request, Response, RpcClient, RpcConfig, Secret, TableInfo,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
-    /// Print the full status as JSON.
+    /// Print the full status as JSON (with --partitions, the partition table too).
     #[arg(long)]
     json: bool,
+    /// List every partition: its replicas (primary first), copies being received, and state.
+    #[arg(long)]
+    partitions: bool,
 }
 
 fn bar(frac: f64, width: usize) -> String {
@@ -16,27 +25,117 @@ fn bar(frac: f64, width: usize) -> String {
     format!("[{}{}]", "#".repeat(full), ".".repeat(width - full))
 }
 
-pub async fn run(client: &Client, args: &StatusArgs) -> Result<()> {
-    let s = client.status().await?;
+/// A partition's state for people: lost (no copy), degraded (fewer than `r` complete copies,
+/// rebuilding if copies are incoming), syncing (complete, copies moving in), ok.
+fn partition_state(replicas: &[NodeId], incoming: &[NodeId], r: u8) -> &'static str {
+    if replicas.is_empty() {
+        "lost"
+    } else if replicas.len() < usize::from(r) {
+        "degraded"
+    } else if !incoming.is_empty() {
+        "syncing"
+    } else {
+        "ok"
+    }
+}
+
+fn ids(list: &[NodeId]) -> String {
+    if list.is_empty() {
+        return "-".into();
+    }
+    list.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+async fn ask(c: &RpcClient, req: &Request) -> Result<Response> {
+    Ok(c.call(req, Bytes::new())
+        .await
+        .context("asking the manager")?
+        .0)
+}
+
+pub async fn run(manager: SocketAddr, secret: &str, args: &StatusArgs) -> Result<()> {
+    let rpc = RpcConfig::new(Secret::new(secret), Arc::new(BufferPool::new(64 << 10, 2)));
+    let c = RpcClient::connect(manager, &rpc)
+        .await
+        .with_context(|| format!("connecting to the manager at {manager}"))?;
+    let s = match ask(&c, &Request::GetStatus).await? {
+        Response::Status(s) => s,
+        Response::Error(e) => bail!("the manager refused the status request: {e}"),
+        other => bail!("unexpected answer from the manager: {other:?}"),
+    };
+    let table = if args.partitions {
+        match ask(&c, &Request::GetTable).await? {
+            Response::Table(t) => Some(t),
+            // No table yet: the status says why.
+            Response::Error(_) => None,
+            other => bail!("unexpected answer from the manager: {other:?}"),
+        }
+    } else {
+        None
+    };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
+        let out = if args.partitions {
+            serde_json::json!({"status": s, "table": table})
+        } else {
+            serde_json::to_value(&s)?
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
+    print_summary(&s);
+    print_nodes(&s);
+    if args.partitions {
+        match &table {
+            Some(t) => print_partitions(t),
+            None => println!("no partition table yet"),
+        }
+    }
+    Ok(())
+}
+
+fn print_summary(s: &ClusterStatus) {
     let c = s.config;
-    let epoch = s
-        .epoch
-        .map_or_else(|| "none yet".to_string(), |e| e.to_string());
+    let up = s.nodes.iter().filter(|n| n.alive).count();
+    let down = s.nodes.len() - up;
+    let down = if down == 0 {
+        String::new()
+    } else {
+        format!(", {down} down")
+    };
+    let Some(epoch) = s.epoch else {
+        println!(
+            "no table yet | {} partitions | stripe {} | replication {} | {up} of {} servers joined{down}",
+            c.partitions,
+            human(u64::from(c.stripe_size)),
+            c.replication,
+            s.expected_servers
+        );
+        return;
+    };
     println!(
-        "epoch {epoch} | {} partitions | stripe {} | replication {} | {} of {} servers joined",
+        "epoch {epoch} | {} partitions | stripe {} | replication {} | {up} servers up{down}",
         c.partitions,
         human(u64::from(c.stripe_size)),
         c.replication,
-        s.nodes.len(),
-        s.expected_servers
     );
+    let healthy = if s.degraded == 0 && s.lost == 0 && s.incoming == 0 {
+        " (healthy)"
+    } else {
+        ""
+    };
     println!(
-        "{:>4}  {:<21} {:<5} {:>5}  {:<24} {:>21}  {:>5}",
-        "node", "address", "state", "parts", "memory", "used / capacity", "load"
+        "partitions: {} degraded, {} lost{healthy} | {} copies being rebuilt or moved",
+        s.degraded, s.lost, s.incoming
+    );
+}
+
+fn print_nodes(s: &ClusterStatus) {
+    println!(
+        "{:>4}  {:<21} {:<5} {:>5}  {:<24} {:>21}  {:>5}  {}",
+        "node", "address", "state", "parts", "memory", "used / capacity", "load", "syncing"
     );
     let (mut used, mut cap) = (0u64, 0u64);
     for n in &s.nodes {
@@ -49,8 +148,13 @@ pub async fn run(client: &Client, args: &StatusArgs) -> Result<()> {
             used += n.stats.used;
             cap += n.stats.capacity;
         }
+        let sync = if n.stats.syncing == 0 && n.stats.synced_bytes == 0 {
+            "-".to_string()
+        } else {
+            format!("{} ({} in)", n.stats.syncing, human(n.stats.synced_bytes))
+        };
         println!(
-            "{:>4}  {:<21} {:<5} {:>5}  {} {:>3.0}% {:>10} / {:<10} {:>5}",
+            "{:>4}  {:<21} {:<5} {:>5}  {} {:>3.0}% {:>10} / {:<10} {:>5}  {}",
             n.id,
             n.addr.to_string(),
             if n.alive { "up" } else { "DOWN" },
@@ -59,7 +163,8 @@ pub async fn run(client: &Client, args: &StatusArgs) -> Result<()> {
             100.0 * frac,
             human(n.stats.used),
             human(n.stats.capacity),
-            n.stats.load
+            n.stats.load,
+            sync
         );
     }
     let frac = if cap == 0 {
@@ -73,5 +178,45 @@ pub async fn run(client: &Client, args: &StatusArgs) -> Result<()> {
         human(cap),
         100.0 * frac
     );
-    Ok(())
+}
+
+fn print_partitions(info: &TableInfo) {
+    let t = &info.table;
+    let r = info.config.replication;
+    let rows: Vec<(u32, &str, String, String)> = (0..t.partitions())
+        .map(|p| {
+            let (rep, inc) = (t.replicas(p), t.incoming(p));
+            (p, partition_state(rep, inc, r), ids(rep), ids(inc))
+        })
+        .collect();
+    let width = rows
+        .iter()
+        .map(|r| r.2.len())
+        .max()
+        .unwrap_or(0)
+        .max("replicas".len());
+    println!();
+    println!(
+        "{:>9}  {:<8}  {:<width$}  incoming",
+        "partition", "state", "replicas"
+    );
+    for (p, state, rep, inc) in rows {
+        println!("{p:>9}  {state:<8}  {rep:<width$}  {inc}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_states() {
+        assert_eq!(partition_state(&[], &[], 2), "lost");
+        assert_eq!(partition_state(&[1], &[3], 2), "degraded");
+        assert_eq!(partition_state(&[1, 2], &[3], 2), "syncing");
+        assert_eq!(partition_state(&[1, 2], &[], 2), "ok");
+        assert_eq!(partition_state(&[1], &[], 1), "ok");
+        assert_eq!(ids(&[3, 1]), "3 1");
+        assert_eq!(ids(&[]), "-");
+    }
 }

@@ -138,6 +138,9 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
     margs.extend(["--partitions".into(), shape.partitions.to_string()]);
     margs.extend(["--stripe-size".into(), shape.stripe_size.to_string()]);
     margs.extend(["--replication".into(), shape.replication.to_string()]);
+    if let Some(d) = args.shape.dead_after {
+        margs.extend(["--dead-after".into(), format!("{}ms", d.as_millis())]);
+    }
 
     let mut children = Children(vec![("manager".into(), child(&margs, &secret)?)]);
     for i in 0..servers {

@@ -86,15 +86,25 @@ async fn status(AxState(ctx): AxState<Ctx>) -> Response {
 }
 
 async fn table(AxState(ctx): AxState<Ctx>) -> Response {
-    match ctx.shared.lock().table() {
-        Some(t) => Json(json!({
-            "epoch": t.table.epoch(),
-            "partitions": t.table.partitions(),
-            "config": t.config,
-            "nodes": t.nodes,
-            "replicas": t.table.all(),
-        }))
-        .into_response(),
+    let st = ctx.shared.lock();
+    match st.table() {
+        Some(t) => {
+            let tb = &t.table;
+            let changed: Vec<_> = (0..tb.partitions()).map(|p| tb.changed(p)).collect();
+            Json(json!({
+                "epoch": tb.epoch(),
+                "partitions": tb.partitions(),
+                "config": t.config,
+                "nodes": t.nodes,
+                "replicas": tb.all(),
+                "incoming": tb.all_incoming(),
+                "changed": changed,
+                "goal": st.goal(),
+                "degraded": tb.degraded(t.config.replication).collect::<Vec<_>>(),
+                "lost": tb.lost().collect::<Vec<_>>(),
+            }))
+            .into_response()
+        }
         None => (
             StatusCode::SERVICE_UNAVAILABLE,
             "no partition table yet: waiting for servers\n",
@@ -111,6 +121,25 @@ async fn metrics(AxState(ctx): AxState<Ctx>) -> Response {
     let epoch = Gauge::<i64>::default();
     epoch.set(status.epoch.unwrap_or(0) as i64);
     reg.register("epoch", "Partition table epoch (0: no table yet)", epoch);
+    let parts = Family::<Labels, Gauge>::default();
+    for (state, v) in [("degraded", status.degraded), ("lost", status.lost)] {
+        parts
+            .get_or_create(&vec![("state".into(), state.into())])
+            .set(i64::from(v));
+    }
+    reg.register(
+        "partitions",
+        "Partitions with fewer complete copies than the replication factor (degraded) or none \
+         (lost)",
+        parts,
+    );
+    let incoming = Gauge::<i64>::default();
+    incoming.set(i64::from(status.incoming));
+    reg.register(
+        "partition_copies_incoming",
+        "Partition copies being received (rebuilds and migrations)",
+        incoming,
+    );
     let nodes = Family::<Labels, Gauge>::default();
     let alive = status.nodes.iter().filter(|n| n.alive).count() as i64;
     nodes
@@ -128,6 +157,8 @@ async fn metrics(AxState(ctx): AxState<Ctx>) -> Response {
     let read = Family::<Labels, Counter>::default();
     let written = Family::<Labels, Counter>::default();
     let ops = Family::<Labels, Counter>::default();
+    let syncing = Family::<Labels, Gauge>::default();
+    let synced = Family::<Labels, Counter>::default();
     for n in &status.nodes {
         let l: Labels = vec![("node".into(), n.id.to_string())];
         used.get_or_create(&l).set(n.stats.used as i64);
@@ -136,6 +167,8 @@ async fn metrics(AxState(ctx): AxState<Ctx>) -> Response {
         load.get_or_create(&l).set(i64::from(n.stats.load));
         read.get_or_create(&l).inc_by(n.stats.bytes_read);
         written.get_or_create(&l).inc_by(n.stats.bytes_written);
+        syncing.get_or_create(&l).set(i64::from(n.stats.syncing));
+        synced.get_or_create(&l).inc_by(n.stats.synced_bytes);
         for (op, v) in [
             ("read", n.stats.reads),
             ("write", n.stats.writes),
@@ -161,6 +194,16 @@ async fn metrics(AxState(ctx): AxState<Ctx>) -> Response {
     reg.register("node_read_bytes", "Bytes read from the node", read);
     reg.register("node_written_bytes", "Bytes written to the node", written);
     reg.register("node_ops", "Operations served by kind", ops);
+    reg.register(
+        "node_syncing_partitions",
+        "Partition copies the node is receiving",
+        syncing,
+    );
+    reg.register(
+        "node_synced_bytes",
+        "Bytes the node received by partition syncs",
+        synced,
+    );
     let mut out = String::new();
     if let Err(e) = encode(&mut out, &reg) {
         return (

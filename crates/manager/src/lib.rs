@@ -1,4 +1,4 @@
-//! The Tessera manager: membership, heartbeats and the epoch-versioned partition table
+//! The Tessera manager: membership, failure detection and the epoch-versioned partition table
 //! ([`state`]), the root directory, and an HTTP admin API with Prometheus metrics ([`http`]).
 //! It is never on the data path: clients fetch the table and talk to the servers directly.
 
@@ -29,6 +29,7 @@ pub struct ManagerOptions {
     /// Servers that must join before the table is built.
     pub expect_servers: u32,
     pub config: ClusterConfig,
+    /// Silence after which a server is declared dead and its copies rebuilt elsewhere.
     pub heartbeat_timeout: Duration,
     /// Permission bits of the root directory.
     pub root_mode: u32,
@@ -60,6 +61,9 @@ impl ManagerOptions {
                 "replication {} must be 1 to 3 and at most the server count {}",
                 c.replication, self.expect_servers
             ));
+        }
+        if self.heartbeat_timeout.is_zero() {
+            return bad("the time after which a silent server is dead must not be zero".into());
         }
         validate_stripe_size(u64::from(c.stripe_size)).map_err(ManagerError::Config)?;
         Ok(())
@@ -135,8 +139,20 @@ impl Handler for ManagerHandler {
                 Ok(t) => Response::Table(t.clone()),
                 Err(e) => Response::Error(e),
             },
+            Request::SyncDone {
+                node,
+                partition,
+                epoch,
+            } => match self.shared.lock().sync_done(node, partition, epoch, now) {
+                // Published before answering: the server fetches the new table next.
+                Ok(_) => Response::Ok,
+                Err(e) => {
+                    warn!(node, partition, epoch, "sync completion refused: {e}");
+                    Response::Error(e)
+                }
+            },
             Request::GetStatus => Response::Status(self.shared.lock().status(now)),
-            Request::Op { .. } => Response::Error(ErrorCode::Invalid(
+            Request::Op { .. } | Request::Replica { .. } => Response::Error(ErrorCode::Invalid(
                 "the manager serves no file operations".into(),
             )),
         };
@@ -144,12 +160,24 @@ impl Handler for ManagerHandler {
     }
 }
 
-/// Creates the root directory on the node(s) holding its partition; retries while they catch
-/// up with the new table. (Clients wait for the root before they report ready.)
+/// Failure detection: declares servers silent for longer than the timeout dead and publishes
+/// the re-planned table (servers learn it from their next heartbeat, clients when a request
+/// fails or is answered with a stale epoch).
+async fn watch(shared: Arc<Shared>, timeout: Duration) {
+    // A few checks per timeout bound how late a death is noticed.
+    let every = (timeout / 4).clamp(Duration::from_millis(10), Duration::from_millis(200));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        shared.lock().tick(Instant::now());
+    }
+}
+
+/// Creates the root directory through the primary of its partition (which forwards it to the
+/// other replicas); retries while the servers catch up with the new table, following the
+/// table if the primary changes. (Clients wait for the root before they report ready.)
 async fn create_root(shared: Arc<Shared>, rpc: Arc<RpcConfig>) {
-    let Some(info) = shared.lock().table().cloned() else {
-        return;
-    };
     // SAFETY: getuid/getgid have no preconditions and cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let inode = Inode::new(
@@ -161,33 +189,41 @@ async fn create_root(shared: Arc<Shared>, rpc: Arc<RpcConfig>) {
         ROOT_INO,
         Vec::new(),
     );
-    let p = meta_partition(ROOT_INO, info.config.partitions);
-    let req = Request::Op {
-        epoch: info.table.epoch(),
-        op: Op::InodeCreate { inode },
-    };
-    for &node in info.table.replicas(p) {
-        let Some(addr) = info.nodes.iter().find(|n| n.id == node).map(|n| n.addr) else {
-            continue;
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let reply = match RpcClient::connect(addr, &rpc).await {
-                Ok(c) => c
-                    .call(&req, Bytes::new())
-                    .await
-                    .map(|r| r.0)
-                    .map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            };
-            match reply {
-                Ok(Response::Ok | Response::Error(ErrorCode::Exists)) => break,
-                other if Instant::now() > deadline => {
-                    warn!(node, "could not create the root directory: {other:?}");
-                    return;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let target = shared.lock().table().and_then(|info| {
+            let p = meta_partition(ROOT_INO, info.config.partitions);
+            let node = info.table.primary(p)?;
+            let addr = info.nodes.iter().find(|n| n.id == node)?.addr;
+            Some((node, addr, info.table.epoch()))
+        });
+        let reply = match target {
+            None => Err("the root's partition has no live primary".to_string()),
+            Some((_, addr, epoch)) => {
+                let req = Request::Op {
+                    epoch,
+                    op: Op::InodeCreate {
+                        inode: inode.clone(),
+                    },
+                };
+                match RpcClient::connect(addr, &rpc).await {
+                    Ok(c) => c
+                        .call(&req, Bytes::new())
+                        .await
+                        .map(|r| r.0)
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
                 }
-                _ => tokio::time::sleep(Duration::from_millis(50)).await,
             }
+        };
+        match reply {
+            Ok(Response::Ok | Response::Error(ErrorCode::Exists)) => break,
+            other if Instant::now() > deadline => {
+                let node = target.map(|t| t.0);
+                warn!(?node, "could not create the root directory: {other:?}");
+                return;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
     info!("root directory created; the cluster is ready");
@@ -224,6 +260,7 @@ pub async fn start(opts: ManagerOptions) -> Result<RunningManager, ManagerError>
         rpc: rpc.clone(),
     });
     tasks.spawn(tessera_proto::serve(listener, rpc, handler));
+    tasks.spawn(watch(shared.clone(), opts.heartbeat_timeout));
     let http_addr = match opts.http {
         Some(addr) => {
             let l = TcpListener::bind(addr)
@@ -299,6 +336,19 @@ mod tests {
             panic!("no table")
         };
         assert_eq!((t.table.epoch(), t.table.load()[&1]), (1, 8));
+        // Nothing is being synced: every completion is refused, a bad partition too.
+        for partition in [0, 8, u32::MAX] {
+            let done = Request::SyncDone {
+                node: 1,
+                partition,
+                epoch: 1,
+            };
+            let resp = c.call(&done, Bytes::new()).await.unwrap().0;
+            assert!(
+                matches!(resp, Response::Error(ErrorCode::Invalid(_))),
+                "{resp:?}"
+            );
+        }
 
         let http = m.http_addr().unwrap();
         assert!(get(http, "/health", None).await.contains("200 OK"));
@@ -310,8 +360,17 @@ mod tests {
             "{status}"
         );
         let metrics = get(http, "/metrics", Some("s3cret")).await;
+        let table = get(http, "/table", Some("s3cret")).await;
+        for key in ["\"incoming\":[[]", "\"changed\":[1,", "\"lost\":[]"] {
+            assert!(table.contains(key), "{key} missing in {table}");
+        }
         for name in [
             "tessera_epoch 1",
+            "tessera_partitions{state=\"degraded\"} 0",
+            "tessera_partitions{state=\"lost\"} 0",
+            "tessera_partition_copies_incoming 0",
+            "tessera_node_syncing_partitions{node=\"1\"} 0",
+            "tessera_node_synced_bytes_total{node=\"1\"} 0",
             "tessera_node_memory_capacity_bytes{node=\"1\"} 1073741824",
             "tessera_node_ops_total",
         ] {

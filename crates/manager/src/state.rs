@@ -1,12 +1,23 @@
-//! The manager's state machine: membership, heartbeats, the partition table. Pure: the caller
-//! supplies the clock, so it is tested without waiting.
+//! The manager's state machine: membership, failure detection and the partition table. Pure:
+//! the caller supplies the clock, so it is tested without waiting.
+//!
+//! The first table is built when the expected servers have joined. From then on every change
+//! of membership re-plans it with [`plan`]: a dead server vanishes from the table at once (its
+//! copies are rebuilt as incoming copies on the survivors), a new one receives its
+//! capacity-proportional share as incoming copies. Servers sync incoming copies and report
+//! [`State::sync_done`]; [`complete`] then promotes them, one epoch per completion. `goal` is
+//! the assignment the table converges to.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
-use tessera_placement::{assign, NodeId, NodeWeight, PartitionTable};
+use tessera_placement::{
+    assign, complete, plan, Epoch, NodeId, NodeWeight, PartitionId, PartitionTable,
+};
 use tessera_proto::{
     ClusterConfig, ClusterStatus, ErrorCode, NodeAddr, NodeStats, NodeStatus, TableInfo,
 };
+use tracing::{info, warn};
 
 #[derive(Debug, Clone)]
 pub struct Member {
@@ -16,16 +27,25 @@ pub struct Member {
     pub label: Option<String>,
     pub last_seen: Instant,
     pub stats: NodeStats,
+    /// Declared dead: final. Its copies may have missed writes since, so a restarted server
+    /// registers again under a new id and receives its share afresh.
+    pub dead: bool,
 }
 
 #[derive(Debug)]
 pub struct State {
     pub config: ClusterConfig,
     pub expect: u32,
+    /// Silence after which a server is declared dead.
     pub heartbeat_timeout: Duration,
     members: Vec<Member>,
     next_id: NodeId,
     table: Option<TableInfo>,
+    /// Where every partition's copies should end up; indexed by partition.
+    goal: Vec<Vec<NodeId>>,
+    /// When deaths were last checked (every tick, so at most a fraction of the timeout ago
+    /// while the manager runs).
+    last_check: Option<Instant>,
 }
 
 impl State {
@@ -38,14 +58,161 @@ impl State {
             members: Vec::new(),
             next_id: 1,
             table: None,
+            goal: Vec::new(),
+            last_check: None,
         }
     }
 
     fn alive(&self, m: &Member, now: Instant) -> bool {
-        now.duration_since(m.last_seen) <= self.heartbeat_timeout
+        !m.dead && now.saturating_duration_since(m.last_seen) <= self.heartbeat_timeout
     }
 
-    /// A server joins. Returns its id and whether this join completed the table.
+    fn live_weights(&self) -> Vec<NodeWeight> {
+        self.members
+            .iter()
+            .filter(|m| !m.dead)
+            .map(|m| NodeWeight {
+                node: m.id,
+                capacity: m.capacity,
+            })
+            .collect()
+    }
+
+    /// Periodic failure detection: declares silent servers dead and, if the table used any of
+    /// them, publishes a re-planned table. Returns the epoch published, if any.
+    pub fn tick(&mut self, now: Instant) -> Option<Epoch> {
+        if self.reap(now) {
+            self.replan("servers died")
+        } else {
+            None
+        }
+    }
+
+    /// Marks members silent for longer than the timeout dead. Returns whether one of them is
+    /// in the table (so the table must change).
+    fn reap(&mut self, now: Instant) -> bool {
+        let in_table = self
+            .table
+            .as_ref()
+            .map(|t| t.table.nodes())
+            .unwrap_or_default();
+        let timeout = self.heartbeat_timeout;
+        let last = self.last_check.replace(now);
+        if let Some(gap) = last.map(|l| now.saturating_duration_since(l)) {
+            if gap > timeout {
+                // The manager itself was not running (stopped, starved): heartbeats sent
+                // meanwhile are still queued, so this silence proves nothing. Declaring every
+                // server dead would lose the cluster; start a fresh grace period instead.
+                warn!(
+                    gap_ms = gap.as_millis() as u64,
+                    "the manager was not running for longer than the heartbeat timeout: no \
+                     server is declared dead for it"
+                );
+                for m in self.members.iter_mut().filter(|m| !m.dead) {
+                    m.last_seen = m.last_seen.max(now);
+                }
+                return false;
+            }
+        }
+        let mut replan = false;
+        for m in &mut self.members {
+            let silent = now.saturating_duration_since(m.last_seen);
+            if m.dead || silent <= timeout {
+                continue;
+            }
+            m.dead = true;
+            let held = in_table.contains(&m.id);
+            warn!(
+                node = m.id,
+                addr = %m.addr,
+                silent_ms = silent.as_millis() as u64,
+                in_table = held,
+                "server missed its heartbeats: declared dead"
+            );
+            replan |= held;
+        }
+        replan
+    }
+
+    /// Re-plans the table over the live members and publishes it.
+    fn replan(&mut self, why: &str) -> Option<Epoch> {
+        let info = self.table.as_ref()?;
+        let alive = self.live_weights();
+        let (goal, replicas, incoming) = match plan(&info.table, &alive, self.config.replication) {
+            Ok(p) => (p.goal, p.replicas, p.incoming),
+            Err(e) => {
+                // Only when no server is left: drop the dead ones, nothing to rebuild onto.
+                warn!("cannot re-plan the partitions ({e}); keeping the surviving copies only");
+                let live: BTreeSet<NodeId> = alive.iter().map(|w| w.node).collect();
+                let keep = |l: &Vec<NodeId>| -> Vec<NodeId> {
+                    l.iter().copied().filter(|n| live.contains(n)).collect()
+                };
+                let replicas: Vec<Vec<NodeId>> = info.table.all().iter().map(keep).collect();
+                let incoming: Vec<Vec<NodeId>> = info
+                    .table
+                    .all_incoming()
+                    .iter()
+                    .zip(&replicas)
+                    .map(|(i, r)| if r.is_empty() { Vec::new() } else { keep(i) })
+                    .collect();
+                let goal = replicas
+                    .iter()
+                    .zip(&incoming)
+                    .map(|(r, i)| r.iter().chain(i).copied().collect())
+                    .collect();
+                (goal, replicas, incoming)
+            }
+        };
+        let epoch = self.publish(replicas, incoming).ok()?;
+        self.goal = goal;
+        if let Some(t) = self.table.as_ref().map(|t| &t.table) {
+            info!(
+                epoch,
+                servers = alive.len(),
+                degraded = t.degraded(self.config.replication).count(),
+                lost = t.lost().count(),
+                incoming = t.copies_incoming(),
+                "{why}: partition table re-planned"
+            );
+        }
+        Some(epoch)
+    }
+
+    /// Installs the next table with these lists and the live members' addresses.
+    fn publish(
+        &mut self,
+        replicas: Vec<Vec<NodeId>>,
+        incoming: Vec<Vec<NodeId>>,
+    ) -> Result<Epoch, ErrorCode> {
+        let nodes = self.live_addrs();
+        let info = self
+            .table
+            .as_mut()
+            .ok_or_else(|| ErrorCode::Internal("no partition table yet".into()))?;
+        // A planner bug must not take the manager down: keep the old table and say so.
+        let next = info.table.next(replicas, incoming).map_err(|e| {
+            warn!("refusing an inconsistent next table: {e}");
+            ErrorCode::Internal(format!("inconsistent next table: {e}"))
+        })?;
+        info.table = next;
+        info.nodes = nodes;
+        Ok(info.table.epoch())
+    }
+
+    fn live_addrs(&self) -> Vec<NodeAddr> {
+        self.members
+            .iter()
+            .filter(|m| !m.dead)
+            .map(|m| NodeAddr {
+                id: m.id,
+                addr: m.addr,
+            })
+            .collect()
+    }
+
+    /// A server joins. Returns its id and whether this join built the first table. A server
+    /// joining once the table exists (a new one, or a restarted one under a new id) gets its
+    /// share of the partitions as incoming copies.
     pub fn register(
         &mut self,
         addr: SocketAddr,
@@ -56,14 +223,18 @@ impl State {
         if capacity == 0 {
             return Err(ErrorCode::Invalid("a server must offer some memory".into()));
         }
-        if let Some(m) = self.members.iter().find(|m| m.addr == addr) {
-            if self.alive(m, now) {
-                return Err(ErrorCode::Invalid(format!(
-                    "{addr} is already registered as node {}",
-                    m.id
-                )));
-            }
+        if let Some(m) = self
+            .members
+            .iter()
+            .find(|m| m.addr == addr && self.alive(m, now))
+        {
+            return Err(ErrorCode::Invalid(format!(
+                "{addr} is already registered as node {}",
+                m.id
+            )));
         }
+        // Whoever timed out goes now, so the one re-plan below accounts for it.
+        self.reap(now);
         let id = self.next_id;
         self.next_id += 1;
         self.members.push(Member {
@@ -76,22 +247,17 @@ impl State {
                 capacity,
                 ..NodeStats::default()
             },
+            dead: false,
         });
         if self.table.is_some() {
-            tracing::info!(node = id, %addr, "server joined after the table was built; it holds no partitions yet");
+            info!(node = id, %addr, "server joined a running cluster: it receives its share");
+            self.replan("a server joined");
             return Ok((id, false));
         }
-        if self.members.len() < self.expect as usize {
+        let weights = self.live_weights();
+        if weights.len() < self.expect as usize {
             return Ok((id, false));
         }
-        let weights: Vec<NodeWeight> = self
-            .members
-            .iter()
-            .map(|m| NodeWeight {
-                node: m.id,
-                capacity: m.capacity,
-            })
-            .collect();
         let replicas = assign(
             None,
             &weights,
@@ -99,42 +265,96 @@ impl State {
             self.config.replication,
         )
         .map_err(|e| ErrorCode::Internal(format!("cannot place partitions: {e}")))?;
-        let table =
-            PartitionTable::new(1, replicas).map_err(|e| ErrorCode::Internal(e.to_string()))?;
-        let nodes = self
-            .members
-            .iter()
-            .map(|m| NodeAddr {
-                id: m.id,
-                addr: m.addr,
-            })
-            .collect();
+        let table = PartitionTable::new(1, replicas.clone())
+            .map_err(|e| ErrorCode::Internal(e.to_string()))?;
+        self.goal = replicas;
         self.table = Some(TableInfo {
             config: self.config,
             table,
-            nodes,
+            nodes: self.live_addrs(),
         });
-        tracing::info!(
-            servers = self.members.len(),
+        info!(
+            servers = weights.len(),
             "all expected servers joined: partition table epoch 1 built"
         );
         Ok((id, true))
     }
 
+    /// A server's heartbeat. Returns the current epoch (the server fetches a newer table). A
+    /// server already declared dead is answered `NotFound`: it must restart to rejoin.
     pub fn heartbeat(
         &mut self,
         node: NodeId,
         stats: NodeStats,
         now: Instant,
-    ) -> Result<Option<u64>, ErrorCode> {
+    ) -> Result<Option<Epoch>, ErrorCode> {
+        // Late is dead, whether or not the periodic tick has noticed yet.
+        if self.reap(now) {
+            self.replan("servers died");
+        }
         let m = self
             .members
             .iter_mut()
-            .find(|m| m.id == node)
+            .find(|m| m.id == node && !m.dead)
             .ok_or(ErrorCode::NotFound)?;
         m.last_seen = now;
         m.stats = stats;
         Ok(self.table.as_ref().map(|t| t.table.epoch()))
+    }
+
+    /// `node` finished receiving `partition`: it becomes a complete replica (and copies the
+    /// goal no longer wants are dropped once the goal's copies are complete). Returns the
+    /// epoch published.
+    pub fn sync_done(
+        &mut self,
+        node: NodeId,
+        partition: PartitionId,
+        epoch: Epoch,
+        now: Instant,
+    ) -> Result<Epoch, ErrorCode> {
+        // A sender that has just been declared dead must not be promoted.
+        if self.reap(now) {
+            self.replan("servers died");
+        }
+        let Some(info) = self.table.as_ref() else {
+            return Err(ErrorCode::Invalid(
+                "no partition table yet: nothing is being synced".into(),
+            ));
+        };
+        let t = &info.table;
+        if partition >= t.partitions() {
+            return Err(ErrorCode::Invalid(format!(
+                "partition {partition} does not exist (the cluster has {})",
+                t.partitions()
+            )));
+        }
+        if epoch > t.epoch() {
+            return Err(ErrorCode::Invalid(format!(
+                "sync reported at epoch {epoch}, but the table is at epoch {}",
+                t.epoch()
+            )));
+        }
+        if !t.receives(node, partition) {
+            return Err(ErrorCode::Invalid(format!(
+                "node {node} is not receiving partition {partition} at epoch {}: the table \
+                 moved on and the copy is no longer wanted",
+                t.epoch()
+            )));
+        }
+        let goal = self
+            .goal
+            .get(partition as usize)
+            .map_or(&[][..], Vec::as_slice);
+        let (rep, inc) =
+            complete(t, goal, partition, node).map_err(|e| ErrorCode::Invalid(e.to_string()))?;
+        let mut replicas = t.all().to_vec();
+        let mut incoming = t.all_incoming().to_vec();
+        let p = partition as usize;
+        replicas[p] = rep;
+        incoming[p] = inc;
+        let epoch = self.publish(replicas, incoming)?;
+        info!(node, partition, epoch, "copy synced: now a replica");
+        Ok(epoch)
     }
 
     #[must_use]
@@ -142,12 +362,18 @@ impl State {
         self.table.as_ref()
     }
 
+    /// Where every partition's copies should end up (empty before the first table).
+    #[must_use]
+    pub fn goal(&self) -> &[Vec<NodeId>] {
+        &self.goal
+    }
+
     /// The table, or why there is none yet.
     pub fn table_info(&self) -> Result<&TableInfo, ErrorCode> {
         self.table.as_ref().ok_or_else(|| {
             ErrorCode::NotReady(format!(
                 "waiting for servers: {} of {} joined",
-                self.members.len(),
+                self.members.iter().filter(|m| !m.dead).count(),
                 self.expect
             ))
         })
@@ -155,14 +381,12 @@ impl State {
 
     #[must_use]
     pub fn status(&self, now: Instant) -> ClusterStatus {
-        let load = self
-            .table
-            .as_ref()
-            .map(|t| t.table.load())
-            .unwrap_or_default();
+        let table = self.table.as_ref().map(|t| &t.table);
+        let load = table.map(PartitionTable::load).unwrap_or_default();
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         ClusterStatus {
             config: self.config,
-            epoch: self.table.as_ref().map(|t| t.table.epoch()),
+            epoch: table.map(PartitionTable::epoch),
             expected_servers: self.expect,
             nodes: self
                 .members
@@ -172,11 +396,15 @@ impl State {
                     addr: m.addr,
                     label: m.label.clone(),
                     alive: self.alive(m, now),
-                    since_heartbeat_ms: now.duration_since(m.last_seen).as_millis() as u64,
-                    partitions: load.get(&m.id).copied().unwrap_or(0) as u32,
+                    since_heartbeat_ms: now.saturating_duration_since(m.last_seen).as_millis()
+                        as u64,
+                    partitions: count(load.get(&m.id).copied().unwrap_or(0)),
                     stats: m.stats,
                 })
                 .collect(),
+            degraded: count(table.map_or(0, |t| t.degraded(self.config.replication).count())),
+            lost: count(table.map_or(0, |t| t.lost().count())),
+            incoming: count(table.map_or(0, PartitionTable::copies_incoming)),
         }
     }
 }
@@ -186,14 +414,48 @@ mod tests {
     use super::*;
 
     fn cfg() -> ClusterConfig {
+        cfg_r(1)
+    }
+    fn cfg_r(replication: u8) -> ClusterConfig {
         ClusterConfig {
             partitions: 64,
             stripe_size: 1 << 20,
-            replication: 1,
+            replication,
         }
     }
     fn addr(i: u8) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, i], 7000))
+    }
+    const SEC: Duration = Duration::from_secs(1);
+
+    /// A cluster of `n` equal servers (ids 1..=n) with a table, heartbeat timeout 2 s.
+    fn cluster(n: u8, r: u8, t0: Instant) -> State {
+        let mut s = State::new(cfg_r(r), u32::from(n), 2 * SEC);
+        for i in 0..n {
+            s.register(addr(i + 2), 1 << 30, None, t0).unwrap();
+        }
+        assert_eq!(s.table().unwrap().table.epoch(), 1);
+        s
+    }
+
+    fn beat(s: &mut State, nodes: impl IntoIterator<Item = NodeId>, now: Instant) {
+        for n in nodes {
+            s.heartbeat(n, NodeStats::default(), now).unwrap();
+        }
+    }
+
+    fn table(s: &State) -> &PartitionTable {
+        &s.table().unwrap().table
+    }
+
+    /// Reports every incoming copy synced, one at a time, as servers would.
+    fn sync_all(s: &mut State, now: Instant) {
+        while let Some((p, node)) =
+            (0..table(s).partitions()).find_map(|p| table(s).incoming(p).first().map(|&n| (p, n)))
+        {
+            let e = table(s).epoch();
+            assert_eq!(s.sync_done(node, p, e, now), Ok(e + 1));
+        }
     }
 
     #[test]
@@ -207,12 +469,204 @@ mod tests {
         assert_eq!(s.register(addr(4), 2 << 30, None, now), Ok((3, true)));
         assert_eq!(s.heartbeat(1, NodeStats::default(), now), Ok(Some(1)));
         // Proportional to capacity: node 3 has twice the memory.
-        let load = s.table().unwrap().table.load();
+        let load = table(&s).load();
         assert_eq!((load[&1], load[&2], load[&3]), (16, 16, 32));
         assert!(s.table_info().is_ok());
-        // Late joiners do not change the table (elasticity is a later issue).
-        assert_eq!(s.register(addr(5), 1 << 30, None, now), Ok((4, false)));
-        assert_eq!(s.table().unwrap().table.epoch(), 1);
+        assert_eq!(s.goal(), table(&s).all());
+    }
+
+    #[test]
+    fn a_late_join_receives_its_share_as_incoming_copies() {
+        let t0 = Instant::now();
+        let mut s = cluster(3, 1, t0);
+        assert_eq!(s.register(addr(9), 1 << 30, None, t0), Ok((4, false)));
+        let t = table(&s);
+        assert_eq!(t.epoch(), 2);
+        // About a quarter of the copies head for node 4; nothing is complete there yet.
+        let coming: Vec<PartitionId> = (0..64).filter(|&p| t.receives(4, p)).collect();
+        assert_eq!(coming.len(), t.copies_incoming());
+        assert!((15..=17).contains(&coming.len()), "{}", coming.len());
+        assert!(!t.load().contains_key(&4));
+        assert!(s.table().unwrap().nodes.iter().any(|n| n.id == 4));
+        // Only the partitions that change are fenced.
+        assert!((0..64).all(|p| (t.changed(p) == 2) == t.receives(4, p)));
+        // Once synced, node 4 holds its share and the old holders let go.
+        sync_all(&mut s, t0);
+        let t = table(&s);
+        assert_eq!(t.copies_incoming(), 0);
+        assert_eq!(t.load()[&4], coming.len());
+        assert!(t.all().iter().all(|l| l.len() == 1));
+        assert_eq!(s.goal(), t.all());
+    }
+
+    #[test]
+    fn a_death_publishes_a_table_without_it_and_rebuilds_to_r() {
+        let t0 = Instant::now();
+        let mut s = cluster(4, 2, t0);
+        let before = table(&s).clone();
+        let t1 = t0 + SEC;
+        beat(&mut s, [1, 2, 4], t1);
+        assert_eq!(s.tick(t1 + SEC), None, "within the timeout");
+        // Node 3 has been silent for 2.5 s.
+        assert_eq!(s.tick(t0 + 2 * SEC + SEC / 2), Some(2));
+        let t = table(&s);
+        assert!(!t.nodes().contains(&3));
+        assert!(!s.table().unwrap().nodes.iter().any(|n| n.id == 3));
+        let held = before.load()[&3];
+        assert_eq!(t.degraded(2).count(), held);
+        assert_eq!(t.lost().count(), 0);
+        for p in 0..64 {
+            let (rep, inc) = (t.replicas(p), t.incoming(p));
+            assert!(
+                rep.len() + inc.len() >= 2,
+                "partition {p}: {rep:?} + {inc:?}"
+            );
+            assert_eq!(s.goal()[p as usize].len(), 2);
+            // Survivors keep serving; untouched partitions are not fenced.
+            assert!(rep.iter().all(|&n| before.holds(n, p)));
+            assert_eq!(t.changed(p) == 2, before.holds(3, p) || !inc.is_empty());
+        }
+        // The dead node stays listed, down; its late heartbeat is refused.
+        let st = s.status(t0 + 3 * SEC);
+        let dead = st.nodes.iter().find(|n| n.id == 3).unwrap();
+        assert!(!dead.alive && dead.partitions == 0);
+        assert_eq!(
+            s.heartbeat(3, NodeStats::default(), t0 + 3 * SEC),
+            Err(ErrorCode::NotFound)
+        );
+        // A second tick changes nothing more.
+        beat(&mut s, [1, 2, 4], t0 + 3 * SEC);
+        assert_eq!(s.tick(t0 + 3 * SEC), None);
+        sync_all(&mut s, t0 + 3 * SEC);
+        let t = table(&s);
+        assert!(t.all().iter().all(|l| l.len() == 2 && !l.contains(&3)));
+        assert_eq!((t.degraded(2).count(), t.copies_incoming()), (0, 0));
+    }
+
+    #[test]
+    fn a_death_with_single_copies_loses_partitions() {
+        let t0 = Instant::now();
+        let mut s = cluster(2, 1, t0);
+        let held = table(&s).load()[&2];
+        beat(&mut s, [1], t0 + 2 * SEC);
+        assert_eq!(s.tick(t0 + 3 * SEC), Some(2));
+        let t = table(&s);
+        let lost: Vec<PartitionId> = t.lost().collect();
+        assert_eq!(lost.len(), held);
+        assert!(lost.iter().all(|&p| t.incoming(p).is_empty()));
+        assert_eq!(t.copies_incoming(), 0);
+        let st = s.status(t0 + 3 * SEC);
+        assert_eq!((st.lost, st.degraded, st.incoming), (held as u32, 0, 0));
+    }
+
+    #[test]
+    fn a_restarted_server_rejoins_under_a_new_id() {
+        let t0 = Instant::now();
+        let mut s = cluster(3, 2, t0);
+        beat(&mut s, [1, 2], t0 + 2 * SEC);
+        // Node 3 restarts on its old address after the timeout: the old id dies and the new
+        // one is planned in, in one step.
+        assert_eq!(
+            s.register(addr(4), 1 << 30, None, t0 + 3 * SEC),
+            Ok((4, false))
+        );
+        let t = table(&s);
+        assert_eq!(t.epoch(), 2);
+        assert!(!t.nodes().contains(&3));
+        assert!(t.copies_incoming() > 0);
+        sync_all(&mut s, t0 + 3 * SEC);
+        let t = table(&s);
+        assert!(t.all().iter().all(|l| l.len() == 2));
+        let load = t.load();
+        assert!(load.values().all(|&c| (42..=44).contains(&c)), "{load:?}");
+    }
+
+    #[test]
+    fn sync_done_promotes_and_drops_the_extra_copy_at_the_goal() {
+        let t0 = Instant::now();
+        let mut s = cluster(2, 1, t0);
+        s.register(addr(9), 1 << 30, None, t0).unwrap();
+        let t = table(&s).clone();
+        let p = (0..64).find(|&p| t.receives(3, p)).unwrap();
+        let old = t.replicas(p).to_vec();
+        assert_eq!(s.goal()[p as usize], vec![3]);
+        assert_eq!(s.sync_done(3, p, t.epoch(), t0), Ok(3));
+        let u = table(&s);
+        // The goal copy is complete: the old holder lets go of it, only p changed.
+        assert_eq!((u.replicas(p), u.incoming(p)), (&[3][..], &[][..]));
+        assert_ne!(old, vec![3]);
+        assert_eq!(u.changed(p), 3);
+        assert!((0..64).filter(|&q| q != p).all(|q| u.changed(q) <= 2));
+    }
+
+    #[test]
+    fn sync_done_for_a_copy_that_is_not_incoming_is_invalid() {
+        let t0 = Instant::now();
+        let mut s = State::new(cfg_r(2), 2, 2 * SEC);
+        s.register(addr(2), 1 << 30, None, t0).unwrap();
+        // No table yet.
+        assert!(matches!(
+            s.sync_done(1, 0, 0, t0),
+            Err(ErrorCode::Invalid(_))
+        ));
+        s.register(addr(3), 1 << 30, None, t0).unwrap();
+        let e = table(&s).epoch();
+        for (node, p, epoch) in [(1, 0, e), (7, 0, e), (1, 64, e), (1, u32::MAX, e)] {
+            assert!(
+                matches!(s.sync_done(node, p, epoch, t0), Err(ErrorCode::Invalid(_))),
+                "{node} {p}"
+            );
+        }
+        s.register(addr(4), 1 << 30, None, t0).unwrap();
+        let t = table(&s).clone();
+        let p = (0..64).find(|&p| t.receives(3, p)).unwrap();
+        // An epoch from the future, and a second report of the same copy.
+        assert!(matches!(
+            s.sync_done(3, p, t.epoch() + 1, t0),
+            Err(ErrorCode::Invalid(_))
+        ));
+        assert_eq!(s.sync_done(3, p, t.epoch(), t0), Ok(t.epoch() + 1));
+        assert!(matches!(
+            s.sync_done(3, p, t.epoch() + 1, t0),
+            Err(ErrorCode::Invalid(_))
+        ));
+        assert_eq!(table(&s).epoch(), t.epoch() + 1);
+    }
+
+    #[test]
+    fn status_counts_degraded_lost_and_incoming() {
+        let t0 = Instant::now();
+        let mut s = cluster(4, 2, t0);
+        let st = s.status(t0);
+        assert_eq!((st.degraded, st.lost, st.incoming), (0, 0, 0));
+        assert_eq!(st.nodes.iter().map(|n| n.partitions).sum::<u32>(), 128);
+        beat(&mut s, [1, 2], t0 + 2 * SEC);
+        // Nodes 3 and 4 die: partitions on both are lost, those on one are degraded.
+        s.tick(t0 + 3 * SEC).unwrap();
+        let t = table(&s).clone();
+        let st = s.status(t0 + 3 * SEC);
+        let with = |n: usize| (0..64).filter(|&p| t.replicas(p).len() == n).count() as u32;
+        assert_eq!((st.lost, st.degraded), (with(0), with(1)));
+        assert!(st.lost > 0 && st.degraded > 0);
+        assert_eq!(st.incoming as usize, t.copies_incoming());
+        assert_eq!(st.incoming, st.degraded);
+        let parts: u32 = st.nodes.iter().map(|n| n.partitions).sum();
+        assert_eq!(parts as usize, t.all().iter().map(Vec::len).sum::<usize>());
+        assert_eq!(st.nodes.iter().filter(|n| n.alive).count(), 2);
+    }
+
+    #[test]
+    fn a_stalled_manager_declares_no_one_dead() {
+        let t0 = Instant::now();
+        let mut s = cluster(2, 1, t0);
+        // Nothing ran for 10 s (the manager was stopped): every server gets a fresh grace period.
+        assert_eq!(s.tick(t0 + 10 * SEC), None);
+        assert!(s.status(t0 + 10 * SEC).nodes.iter().all(|n| n.alive));
+        beat(&mut s, [1], t0 + 11 * SEC);
+        assert_eq!(s.tick(t0 + 12 * SEC), None);
+        // Silence while the manager runs still counts.
+        assert_eq!(s.tick(t0 + 12 * SEC + SEC / 2), Some(2));
+        assert!(!table(&s).nodes().contains(&2));
     }
 
     #[test]
@@ -228,10 +682,13 @@ mod tests {
             s.register(addr(2), 1, None, now),
             Err(ErrorCode::Invalid(_))
         ));
-        // A dead node's address may be taken again (a restarted server).
-        assert!(s
-            .register(addr(2), 1, None, now + Duration::from_secs(6))
-            .is_ok());
+        // A dead node's address may be taken again (a restarted server), and the dead one
+        // does not count towards the expected servers.
+        s.tick(now + Duration::from_secs(4));
+        assert_eq!(
+            s.register(addr(2), 1, None, now + Duration::from_secs(6)),
+            Ok((2, false))
+        );
         assert_eq!(
             s.heartbeat(99, NodeStats::default(), now),
             Err(ErrorCode::NotFound)
@@ -244,11 +701,17 @@ mod tests {
         let mut s = State::new(cfg(), 1, Duration::from_secs(5));
         s.register(addr(2), 1, None, t0).unwrap();
         assert!(s.status(t0 + Duration::from_secs(1)).nodes[0].alive);
-        let later = t0 + Duration::from_secs(10);
-        assert!(!s.status(later).nodes[0].alive);
+        let later = t0 + Duration::from_secs(4);
         s.heartbeat(1, NodeStats::default(), later).unwrap();
         let st = s.status(later);
         assert!(st.nodes[0].alive);
         assert_eq!((st.epoch, st.nodes[0].partitions), (Some(1), 64));
+        // Silent too long: down in the status before the tick, dead after it.
+        assert_eq!(s.tick(later + Duration::from_secs(3)), None);
+        assert!(!s.status(later + Duration::from_secs(6)).nodes[0].alive);
+        assert_eq!(s.tick(later + Duration::from_secs(6)), Some(2));
+        let st = s.status(later + Duration::from_secs(6));
+        assert_eq!((st.lost, st.nodes[0].partitions), (64, 0));
+        assert!(s.table().unwrap().nodes.is_empty());
     }
 }
