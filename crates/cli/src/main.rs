@@ -158,6 +158,14 @@ struct ServerArgs {
     /// A free-form label (a rack, a failure domain).
     #[arg(long)]
     label: Option<String>,
+    /// Rate at which this server receives partition copies (rebuilds, migrations), so that
+    /// foreground I/O goes on (e.g. 256MiB per second; 0 for no limit; default 512MiB).
+    #[arg(long)]
+    sync_rate: Option<String>,
+    /// Fault injection: every stripe request waits this long first (e.g. 20ms), to play a slow
+    /// or overloaded node in tests and benchmarks.
+    #[arg(long, value_parser = parse_duration)]
+    fault_delay: Option<Duration>,
 }
 
 pub const DEFAULT_MANAGER: &str = "127.0.0.1:7070";
@@ -230,6 +238,12 @@ async fn run_server(cli: &Cli, args: &ServerArgs, cfg: &config::FileConfig) -> R
         config::size(&memory)?,
     );
     opts.label = args.label.clone().or_else(|| cfg.server.label.clone());
+    if let Some(rate) = &args.sync_rate {
+        opts.sync_rate = config::size(rate)?;
+    }
+    if let Some(delay) = args.fault_delay {
+        opts.fault_delay = delay;
+    }
     let running = tessera_server::start(opts).await?;
     eprintln!("server {} listening on {}", running.node(), running.addr());
     tokio::select! {

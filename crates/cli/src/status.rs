@@ -134,8 +134,8 @@ fn print_summary(s: &ClusterStatus) {
 
 fn print_nodes(s: &ClusterStatus) {
     println!(
-        "{:>4}  {:<21} {:<5} {:>5}  {:<24} {:>21}  {:>5}  {}",
-        "node", "address", "state", "parts", "memory", "used / capacity", "load", "syncing"
+        "{:>4}  {:<21} {:<5} {:>5}  {:<24} {:>21}  {:>5}  syncing",
+        "node", "address", "state", "parts", "memory", "used / capacity", "load"
     );
     let (mut used, mut cap) = (0u64, 0u64);
     for n in &s.nodes {

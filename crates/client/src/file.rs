@@ -1,33 +1,40 @@
 //! An open file.
 //!
 //! Writes: small sequential writes collect in one stripe-sized buffer and leave as one request
-//! when the stripe is full or the pattern breaks; up to `write_window` stripe writes are in
-//! flight at once, spread over all servers. Requests are queued in program order, and a handle's
-//! writes to one stripe go over one connection, so they apply in program order. A failed write
-//! is reported by the next write, flush or close (as with NFS). If a write has to be re-sent
-//! (stale table, reconnect), it and every write queued after it are re-sent in order.
+//! when the stripe is full or the pattern breaks; each goes to every complete replica of its
+//! partition at once. Up to `write_window` stripe writes are in flight at once, spread over all
+//! servers. Requests are queued in program order, and a handle's writes to one stripe go over
+//! one connection per replica, so they apply in program order on every replica. With
+//! `WriteAck::All` a write is done when every replica acknowledged it; with `WriteAck::Primary`
+//! when the primary did, the mirrors' acknowledgements being collected later (at most
+//! `mirror_lag` writes behind; flush and close wait for them). A failed write is reported by the
+//! next write, flush or close (as with NFS). If a write has to be re-sent (stale table, a
+//! replica unreachable), it and every write not fully acknowledged after it are re-sent in
+//! order, to the replicas of the refreshed table (writes are idempotent).
 //!
-//! Reads: a read fetches all its stripe pieces at once; on a sequential pattern the next
-//! `readahead` stripes are fetched ahead.
+//! Reads: a read fetches all its stripe pieces at once, each from the least loaded replica (a
+//! large piece split over two); on a sequential pattern the next `readahead` stripes are
+//! fetched ahead.
 //!
 //! Consistency: the size and mtime of what this handle wrote are published on flush/close,
 //! and attributes are fetched at open: close-to-open consistency, as NFS gives.
 
-use crate::route::{retryable, unexpected, Key};
-use crate::{Client, Error, OpenOptions, Result};
+use crate::route::{unexpected, wait_ack, wait_acks, Ack, Key, Outcome, ReadPart};
+use crate::{Client, Error, OpenOptions, Result, WriteAck};
 use bytes::{Bytes, BytesMut};
 use std::collections::{BTreeMap, VecDeque};
 use std::io::SeekFrom;
 use tessera_placement::{segments, Ino, Segment};
-use tessera_proto::{Inode, Op, Response, RpcError, SetAttr, Timespec, Waiter};
+use tessera_proto::{Inode, Op, Response, SetAttr, Timespec};
 use tracing::warn;
 
+/// A stripe write not yet acknowledged by every replica.
 struct Inflight {
     stripe: u64,
     offset: u32,
     data: Bytes,
-    /// `None` when the request could not even be queued: it is re-sent with the others.
-    waiter: Option<Waiter>,
+    /// Replicas still to acknowledge, primary first.
+    acks: Vec<Ack>,
 }
 
 #[derive(Default)]
@@ -35,7 +42,7 @@ struct ReadAhead {
     /// Where the next read starts if the pattern is sequential.
     next: u64,
     /// Whole stripes being fetched ahead of the reader.
-    stripes: BTreeMap<u64, Waiter>,
+    stripes: BTreeMap<u64, Vec<ReadPart>>,
 }
 
 /// An open file of a Tessera cluster. Close it with [`File::close`] to learn about errors;
@@ -55,7 +62,12 @@ pub struct File {
     extent: Option<u64>,
     mtime: Option<Timespec>,
     pending: Option<(u64, BytesMut)>,
+    ack: WriteAck,
+    /// Writes the primary has not acknowledged yet (with `All`: not every replica), oldest first.
     inflight: VecDeque<Inflight>,
+    /// With `Primary`: writes the primary acknowledged and some mirror has not, oldest first;
+    /// all older than those in `inflight`.
+    lagging: VecDeque<Inflight>,
     failed: Option<Error>,
     ahead: ReadAhead,
     pos: u64,
@@ -67,6 +79,7 @@ pub struct File {
 
 impl File {
     pub(crate) fn new(client: Client, inode: Inode, opts: &OpenOptions) -> Self {
+        let ack = opts.write_ack.unwrap_or(client.opts.write_ack);
         Self {
             stripe: u64::from(client.stripe_size()),
             client,
@@ -79,7 +92,9 @@ impl File {
             extent: None,
             mtime: None,
             pending: None,
+            ack,
             inflight: VecDeque::new(),
+            lagging: VecDeque::new(),
             failed: None,
             ahead: ReadAhead::default(),
             pos: 0,
@@ -143,7 +158,7 @@ impl File {
             let at = offset + seg.buf_offset as u64;
             let joins = matches!(&self.pending, Some((start, buf)) if start + buf.len() as u64 == at && seg.offset != 0);
             if !joins {
-                self.send_pending().await;
+                self.send_pending().await?;
                 let mut buf = self.client.router.pool().get(self.stripe as usize);
                 buf.reserve(piece.len());
                 self.pending = Some((at, buf));
@@ -154,7 +169,7 @@ impl File {
                 u64::from(seg.offset) + u64::from(seg.len) == self.stripe
             };
             if full {
-                self.send_pending().await;
+                self.send_pending().await?;
             }
         }
         self.size = self.size.max(end);
@@ -163,10 +178,11 @@ impl File {
         Ok(data.len())
     }
 
-    /// Queues the aggregation buffer as one stripe write.
-    async fn send_pending(&mut self) {
+    /// Queues the aggregation buffer as one stripe write to every replica; fails at once only
+    /// if the stripe's partition is lost.
+    async fn send_pending(&mut self) -> Result<()> {
         let Some((start, buf)) = self.pending.take() else {
-            return;
+            return Ok(());
         };
         while self.inflight.len() >= self.client.opts.write_window.max(1) {
             self.complete_oldest().await;
@@ -179,65 +195,107 @@ impl File {
             stripe,
             offset,
         };
-        let waiter = self
-            .client
-            .router
-            .send(Key::Stripe(self.ino, stripe), op, data.clone())
-            .await
-            .ok();
+        let router = &self.client.router;
+        let acks = router
+            .send_write(&router.route(), Key::Stripe(self.ino, stripe), &op, &data)
+            .await?;
         self.inflight.push_back(Inflight {
             stripe,
             offset,
             data,
-            waiter,
+            acks,
         });
+        Ok(())
     }
 
-    /// Waits for the oldest write in flight; on a failure that a retry can fix, re-sends it and
-    /// everything after it, in order.
+    /// Waits for the oldest write in flight: for every replica's acknowledgement (`All`), or for
+    /// the primary's, the write then waiting in `lagging` for its mirrors (`Primary`).
     async fn complete_oldest(&mut self) {
         let Some(mut w) = self.inflight.pop_front() else {
             return;
         };
-        match wait_write(w.waiter.take()).await {
-            WriteOutcome::Done => self.client.router.pool().recycle(w.data),
-            WriteOutcome::Failed(e) => {
+        let outcome = match self.ack {
+            WriteAck::All => wait_acks(std::mem::take(&mut w.acks)).await,
+            WriteAck::Primary if w.acks.is_empty() => Outcome::Done,
+            WriteAck::Primary => wait_ack(w.acks.remove(0)).await,
+        };
+        match outcome {
+            Outcome::Done if w.acks.is_empty() => self.client.router.pool().recycle(w.data),
+            Outcome::Done => {
+                self.lagging.push_back(w);
+                while self.lagging.len() > self.client.opts.mirror_lag {
+                    self.complete_lagging().await;
+                }
+            }
+            Outcome::Failed(e) => {
                 self.failed.get_or_insert(e);
             }
-            WriteOutcome::Retry => {
-                let mut redo = vec![w];
-                while let Some(mut later) = self.inflight.pop_front() {
-                    if let Some(waiter) = later.waiter.take() {
-                        let _ = waiter.wait().await;
-                    }
-                    redo.push(later);
-                }
-                for w in redo {
-                    let op = Op::WriteStripe {
-                        file: self.ino,
-                        stripe: w.stripe,
-                        offset: w.offset,
-                    };
-                    if let Err(e) = self
-                        .client
-                        .router
-                        .call(Key::Stripe(self.ino, w.stripe), op, w.data)
-                        .await
-                    {
-                        self.failed.get_or_insert(e);
-                        return;
-                    }
-                }
+            Outcome::Retry(_) => {
+                self.inflight.push_front(w);
+                self.redo().await;
             }
         }
     }
 
-    /// Sends buffered writes and waits until every write of this handle is stored.
+    /// Waits for the mirrors of the oldest write the primary acknowledged.
+    async fn complete_lagging(&mut self) {
+        let Some(mut w) = self.lagging.pop_front() else {
+            return;
+        };
+        match wait_acks(std::mem::take(&mut w.acks)).await {
+            Outcome::Done => self.client.router.pool().recycle(w.data),
+            Outcome::Failed(e) => {
+                self.failed.get_or_insert(e);
+            }
+            Outcome::Retry(_) => {
+                self.lagging.push_front(w);
+                self.redo().await;
+            }
+        }
+    }
+
+    /// A write must be re-sent: re-sends every write not yet acknowledged by all its replicas,
+    /// oldest first (the one that failed is the oldest of its queue, and lagging writes are
+    /// older than those in flight), so the last write to each byte is still applied last on
+    /// every replica. Each goes to the replicas of the current table, waiting out a failover.
+    async fn redo(&mut self) {
+        let mut redo: Vec<Inflight> = self.lagging.drain(..).collect();
+        redo.extend(self.inflight.drain(..));
+        // Let the first attempts settle, so none lands after its own re-send.
+        futures::future::join_all(
+            redo.iter_mut()
+                .map(|w| wait_acks(std::mem::take(&mut w.acks))),
+        )
+        .await;
+        let router = &self.client.router;
+        for w in redo {
+            let op = Op::WriteStripe {
+                file: self.ino,
+                stripe: w.stripe,
+                offset: w.offset,
+            };
+            if let Err(e) = router
+                .write(Key::Stripe(self.ino, w.stripe), &op, &w.data)
+                .await
+            {
+                self.failed.get_or_insert(e);
+                return;
+            }
+            router.pool().recycle(w.data);
+        }
+    }
+
+    /// Sends buffered writes and waits until every write of this handle is stored on every
+    /// replica.
     async fn drain(&mut self) -> Result<()> {
-        self.send_pending().await;
+        let sent = self.send_pending().await;
         while !self.inflight.is_empty() {
             self.complete_oldest().await;
         }
+        while !self.lagging.is_empty() {
+            self.complete_lagging().await;
+        }
+        sent?;
         self.failed.take().map_or(Ok(()), Err)
     }
 
@@ -284,98 +342,82 @@ impl File {
         self.ahead.next = offset + len as u64;
         let segs: Vec<Segment> = segments(offset, len, self.stripe as u32).collect();
         let last = segs[segs.len() - 1].stripe;
-        // Ask for every piece before waiting for any. A piece remembers at which stripe offset
-        // its bytes start: 0 for a stripe read ahead, the piece's own offset otherwise.
-        let mut pieces = Vec::with_capacity(segs.len());
+        // Ask for every piece before waiting for any: a stripe read ahead, or a fetch of just
+        // the piece.
+        let mut fetches = Vec::with_capacity(segs.len());
         for seg in &segs {
-            let piece = match self.ahead.stripes.remove(&seg.stripe) {
-                Some(a) => (Some(a), 0),
-                None => (
-                    self.fetch(seg.stripe, seg.offset, seg.len).await,
-                    seg.offset,
-                ),
+            let parts = match self.ahead.stripes.remove(&seg.stripe) {
+                Some(parts) => parts,
+                None => self.fetch(seg.stripe, seg.offset, seg.len).await?,
             };
-            pieces.push(piece);
+            fetches.push(parts);
         }
         self.ahead.stripes.retain(|&s, _| s > last);
         if sequential && self.client.opts.readahead > 0 {
             let end_stripe = self.size.div_ceil(self.stripe);
             for s in last + 1..(last + 1 + self.client.opts.readahead as u64).min(end_stripe) {
-                if !self.ahead.stripes.contains_key(&s) {
-                    if let Some(w) = self.fetch(s, 0, self.stripe as u32).await {
-                        self.ahead.stripes.insert(s, w);
-                    }
+                if self.ahead.stripes.contains_key(&s) {
+                    continue;
+                }
+                // A lost partition ahead is the reader's error only if it gets there.
+                if let Ok(mut parts) = self.fetch(s, 0, self.stripe as u32).await {
+                    parts.iter_mut().for_each(ReadPart::detach);
+                    self.ahead.stripes.insert(s, parts);
                 }
             }
         }
         let mut out: Option<BytesMut> = None;
-        for (seg, (source, base)) in segs.iter().zip(pieces) {
-            let data = self.finish_fetch(seg, source, base).await?;
-            if segs.len() == 1 && data.len() == seg.len as usize {
-                return Ok(data); // the common aligned case: no copy
+        for (seg, parts) in segs.iter().zip(fetches) {
+            let mut got = self.finish_fetch(seg, parts).await?;
+            if segs.len() == 1 && got.len() == 1 && got[0].0 == 0 && got[0].1.len() == len {
+                return Ok(got.swap_remove(0).1); // the common aligned case: no copy
             }
             let buf = out.get_or_insert_with(|| BytesMut::with_capacity(len));
-            buf.extend_from_slice(&data);
-            buf.resize(seg.buf_offset + seg.len as usize, 0); // a hole reads as zeros
+            for (at, data) in got {
+                buf.resize(seg.buf_offset + at, 0); // a hole reads as zeros
+                buf.extend_from_slice(&data);
+            }
+            buf.resize(seg.buf_offset + seg.len as usize, 0);
         }
         Ok(out.map(BytesMut::freeze).unwrap_or_default())
     }
 
-    async fn fetch(&self, stripe: u64, offset: u32, len: u32) -> Option<Waiter> {
-        let op = Op::ReadStripe {
-            file: self.ino,
-            stripe,
-            offset,
-            len,
-        };
+    /// Sends the read of bytes `offset..offset + len` of a stripe (in one or two parts).
+    async fn fetch(&self, stripe: u64, offset: u32, len: u32) -> Result<Vec<ReadPart>> {
         self.client
             .router
-            .send(Key::Stripe(self.ino, stripe), op, Bytes::new())
+            .send_read(self.ino, stripe, offset, len)
             .await
-            .ok()
     }
 
-    /// The bytes of `seg` from a fetch whose data starts at stripe offset `base`; re-fetched
-    /// through the retrying path if the first attempt failed in a way a retry can fix.
+    /// The bytes of `seg` from `parts`, fetched reads covering it (a read ahead covers the
+    /// whole stripe): slices of the answers, each with where it starts in `seg`, in order.
+    /// A part that failed is read again from another replica; parts outside `seg` are not
+    /// waited for.
     async fn finish_fetch(
         &self,
         seg: &Segment,
-        source: Option<Waiter>,
-        base: u32,
-    ) -> Result<Bytes> {
-        let got = match source {
-            Some(w) => match w.wait().await {
-                Ok((Response::Ok, b)) => Some(b),
-                Ok((Response::Error(e), _)) if !retryable(&e) => return Err(e.into()),
-                Ok((Response::Error(_), _)) | Err(_) => None,
-                Ok((other, _)) => return Err(unexpected(&other)),
-            },
-            None => None,
-        };
-        let (data, base) = match got {
-            Some(b) => (b, base),
-            None => {
-                let op = Op::ReadStripe {
-                    file: self.ino,
-                    stripe: seg.stripe,
-                    offset: seg.offset,
-                    len: seg.len,
-                };
-                (
-                    self.client
-                        .router
-                        .call(Key::Stripe(self.ino, seg.stripe), op, Bytes::new())
-                        .await?
-                        .1,
-                    seg.offset,
-                )
+        parts: Vec<ReadPart>,
+    ) -> Result<Vec<(usize, Bytes)>> {
+        let (start, end) = (seg.offset, seg.offset + seg.len);
+        let mut got = Vec::with_capacity(parts.len());
+        for part in parts {
+            if part.offset >= end || part.offset + part.len <= start {
+                continue;
             }
-        };
-        let start = (seg.offset - base) as usize;
-        if start >= data.len() {
-            return Ok(Bytes::new());
+            let base = part.offset;
+            let data = self.client.router.finish_read(part).await?;
+            // The answer may be short (a hole at the stripe's end): keep what lies in `seg`.
+            let from = start.max(base);
+            let to = end.min(base + data.len() as u32);
+            if from < to {
+                got.push((
+                    (from - start) as usize,
+                    data.slice((from - base) as usize..(to - base) as usize),
+                ));
+            }
         }
-        Ok(data.slice(start..data.len().min(start + seg.len as usize)))
+        Ok(got)
     }
 
     /// Reads from the cursor into `buf`; returns 0 at the end of the file.
@@ -471,26 +513,6 @@ impl File {
     }
 }
 
-enum WriteOutcome {
-    Done,
-    Retry,
-    Failed(Error),
-}
-
-async fn wait_write(waiter: Option<Waiter>) -> WriteOutcome {
-    let Some(waiter) = waiter else {
-        return WriteOutcome::Retry;
-    };
-    match waiter.wait().await {
-        Ok((Response::Ok, _)) => WriteOutcome::Done,
-        Ok((Response::Error(e), _)) if retryable(&e) => WriteOutcome::Retry,
-        Ok((Response::Error(e), _)) => WriteOutcome::Failed(e.into()),
-        Ok((other, _)) => WriteOutcome::Failed(unexpected(&other)),
-        Err(RpcError::Encode(m)) => WriteOutcome::Failed(Error::Invalid(m)),
-        Err(_) => WriteOutcome::Retry,
-    }
-}
-
 impl Drop for File {
     fn drop(&mut self) {
         if self.closed || self.detached {
@@ -516,7 +538,9 @@ impl Drop for File {
             extent: self.extent.take(),
             mtime: self.mtime.take(),
             pending: self.pending.take(),
+            ack: self.ack,
             inflight: std::mem::take(&mut self.inflight),
+            lagging: std::mem::take(&mut self.lagging),
             failed: self.failed.take(),
             ahead: ReadAhead::default(),
             pos: 0,

@@ -2,13 +2,17 @@
 //!
 //! * [`Client`] connects to the manager, caches the partition table and one multiplexed
 //!   connection per storage server, and routes every request by the partition of its key,
-//!   refreshing the table and retrying when a server answers that the epoch is stale.
+//!   refreshing the table and retrying when a server answers that the epoch is stale. With
+//!   mirrors, stripe writes go to every replica at once ([`WriteAck`] says when one is done),
+//!   reads to the least loaded replica (large ones split over two), metadata to the primary;
+//!   a server that dies is waited out until the manager replaces it (`failover_timeout`).
 //! * [`namespace`](Client::lookup) holds the metadata operations, inode by inode (what a FUSE
 //!   layer needs) and by path (what the command line and Python need).
 //! * [`File`] is an open file: it aggregates small sequential writes into stripe-sized
 //!   requests, keeps many stripe requests in flight, reads ahead on sequential reads, and
 //!   publishes its size and mtime on flush and close (close-to-open consistency).
 
+mod choose;
 mod error;
 mod file;
 mod namespace;
@@ -28,6 +32,20 @@ use tessera_proto::Secret;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// When a stripe write counts as done (see [`ClientOptions::write_ack`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WriteAck {
+    /// When every complete replica has it: an acknowledged write survives the loss of all but
+    /// one replica.
+    #[default]
+    All,
+    /// When the primary has it; the mirrors' acknowledgements are collected later (at most
+    /// [`ClientOptions::mirror_lag`] outstanding per open file) and waited for by flush, fsync
+    /// and close. Writes return sooner; until the next flush, a write is only as safe as the
+    /// primary's node, and another client reading a mirror may see older data.
+    Primary,
+}
+
 /// How a client connects and behaves.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
@@ -39,6 +57,14 @@ pub struct ClientOptions {
     pub request_timeout: Duration,
     /// Stripe writes one open file keeps in flight.
     pub write_window: usize,
+    /// When a stripe write counts as done; `OpenOptions::write_ack` overrides it per file.
+    pub write_ack: WriteAck,
+    /// With [`WriteAck::Primary`]: writes of one open file whose mirror acknowledgements may
+    /// still be outstanding; beyond it, a write waits for the oldest.
+    pub mirror_lag: usize,
+    /// How long a request waits for an unreachable server to be replaced (the manager declares
+    /// it dead and publishes a table without it) before failing with EIO.
+    pub failover_timeout: Duration,
     /// Stripes read ahead on a sequential read pattern (0 disables read-ahead).
     pub readahead: usize,
     /// How long a resolved directory path may be reused without asking its server again
@@ -62,6 +88,9 @@ impl ClientOptions {
             ready_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(60),
             write_window: 16,
+            write_ack: WriteAck::All,
+            mirror_lag: 64,
+            failover_timeout: Duration::from_secs(15),
             readahead: 8,
             dir_cache_ttl: Duration::from_secs(1),
             uid,

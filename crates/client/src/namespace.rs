@@ -3,13 +3,14 @@
 //! directory entry pointing at nothing that could be mistaken for data.
 
 use crate::route::{unexpected, Key};
-use crate::{Client, Error, File, Result};
+use crate::{Client, Error, File, Result, WriteAck};
 use bytes::Bytes;
 use tessera_placement::{Ino, ROOT_INO};
 use tessera_proto::{
     check_name, DirEntry, ErrorCode, FileKind, Inode, Name, Op, Response, SetAttr, Timespec,
     DIR_PAGE_MAX,
 };
+use tracing::warn;
 
 /// How to open a file; mirrors `std::fs::OpenOptions`.
 #[derive(Debug, Clone)]
@@ -22,6 +23,8 @@ pub struct OpenOptions {
     pub create_new: bool,
     /// Permission bits for a new file (before the umask, for opens by path).
     pub mode: u32,
+    /// When this file's writes count as done; `None`: the client's `write_ack`.
+    pub write_ack: Option<WriteAck>,
 }
 
 impl Default for OpenOptions {
@@ -34,6 +37,7 @@ impl Default for OpenOptions {
             create: false,
             create_new: false,
             mode: 0o666,
+            write_ack: None,
         }
     }
 }
@@ -88,6 +92,14 @@ fn random_ino() -> Ino {
 impl Client {
     pub(crate) async fn meta(&self, ino: Ino, op: Op) -> Result<Response> {
         Ok(self.router.call(Key::Meta(ino), op, Bytes::new()).await?.0)
+    }
+
+    /// [`Self::meta`], also telling whether the request was re-sent after a server that may have
+    /// applied it failed to answer (a primary that died mid-request had forwarded the change to
+    /// the mirror that now answers): a non-idempotent operation may then meet its own effect.
+    async fn meta_resent(&self, ino: Ino, op: Op) -> (Result<Response>, bool) {
+        let (r, resent) = self.router.call_ex(Key::Meta(ino), op, Bytes::new()).await;
+        (r.map(|(resp, _)| resp), resent)
     }
 
     async fn meta_inode(&self, ino: Ino, op: Op) -> Result<Inode> {
@@ -207,10 +219,33 @@ impl Client {
             replace,
             mtime: Timespec::now(),
         };
-        match self.meta(parent, op).await? {
-            Response::Replaced(old) => Ok(old),
-            other => Err(unexpected(&other)),
+        match self.meta_resent(parent, op).await {
+            (Ok(Response::Replaced(old)), _) => Ok(old),
+            (Ok(other), _) => Err(unexpected(&other)),
+            // Re-sent after the primary died: `Exists` may be our own insert, already applied.
+            (Err(e), true) if e.is(&ErrorCode::Exists) && !replace => {
+                match self.lookup_entry(parent, name).await {
+                    Ok(found) if found.ino == entry.ino => Ok(None),
+                    _ => Err(e),
+                }
+            }
+            (Err(e), _) => Err(e),
         }
+    }
+
+    /// Is the inode now numbered `mine.ino` the one we created (not another client's)?
+    async fn is_ours(&self, mine: &Inode) -> bool {
+        self.getattr(mine.ino).await.is_ok_and(|i| {
+            (i.kind, i.ctime, i.uid, i.gid, i.mode, i.parent)
+                == (
+                    mine.kind,
+                    mine.ctime,
+                    mine.uid,
+                    mine.gid,
+                    mine.mode,
+                    mine.parent,
+                )
+        })
     }
 
     /// Creates an inode and links it into `parent`; the inode is removed again if the name
@@ -230,18 +265,17 @@ impl Client {
         let mut tries = 0;
         let inode = loop {
             let inode = self.new_inode(random_ino(), kind, mode, parent, target.clone(), open);
-            match self
-                .meta(
-                    inode.ino,
-                    Op::InodeCreate {
-                        inode: inode.clone(),
-                    },
-                )
-                .await
-            {
-                Ok(_) => break inode,
-                Err(e) if e.is(&ErrorCode::Exists) && tries < 8 => tries += 1,
-                Err(e) => return Err(e),
+            let op = Op::InodeCreate {
+                inode: inode.clone(),
+            };
+            match self.meta_resent(inode.ino, op).await {
+                (Ok(_), _) => break inode,
+                // Re-sent after the primary died: `Exists` may be our own create, applied.
+                (Err(e), true) if e.is(&ErrorCode::Exists) && self.is_ours(&inode).await => {
+                    break inode
+                }
+                (Err(e), _) if e.is(&ErrorCode::Exists) && tries < 8 => tries += 1,
+                (Err(e), _) => return Err(e),
             }
         };
         let entry = DirEntry {
@@ -410,9 +444,20 @@ impl Client {
             want_dir: Some(false),
             mtime: Timespec::now(),
         };
-        let entry = match self.meta(parent, op).await? {
-            Response::Entry(e) => e,
-            other => return Err(unexpected(&other)),
+        let entry = match self.meta_resent(parent, op).await {
+            (Ok(Response::Entry(e)), _) => e,
+            (Ok(other), _) => return Err(unexpected(&other)),
+            // Re-sent after the primary died: our removal was applied. Which inode the name
+            // led to is unknown now, so its link stays (an unreachable inode at worst, as after
+            // a client crash between the two steps).
+            (Err(e), true) if e.is(&ErrorCode::NotFound) => {
+                warn!(
+                    parent,
+                    "unlink re-sent after a failover found the name gone"
+                );
+                return Ok(());
+            }
+            (Err(e), _) => return Err(e),
         };
         self.unref(entry.ino).await
     }
@@ -423,7 +468,7 @@ impl Client {
         if entry.kind != FileKind::Dir {
             return Err(ErrorCode::NotDir.into());
         }
-        self.meta(entry.ino, Op::DirDestroy { dir: entry.ino })
+        self.ok_unless_resent_gone(entry.ino, Op::DirDestroy { dir: entry.ino })
             .await?;
         let op = Op::DirRemove {
             dir: parent,
@@ -433,8 +478,17 @@ impl Client {
             mtime: Timespec::now(),
         };
         self.dirs.forget(parent, name);
-        self.meta(parent, op).await?;
-        Ok(())
+        self.ok_unless_resent_gone(parent, op).await
+    }
+
+    /// For a removal (`DirRemove`, `DirDestroy`): `NotFound` after the request was re-sent
+    /// following a primary's death means our first attempt removed it: success.
+    async fn ok_unless_resent_gone(&self, ino: Ino, op: Op) -> Result<()> {
+        match self.meta_resent(ino, op).await {
+            (Ok(_), _) => Ok(()),
+            (Err(e), true) if e.is(&ErrorCode::NotFound) => Ok(()),
+            (Err(e), _) => Err(e),
+        }
     }
 
     /// Is `dir` empty?
@@ -493,9 +547,21 @@ impl Client {
                 replace: !noreplace,
                 mtime: now,
             };
-            match self.meta(parent, op).await? {
-                Response::Replaced(r) => r,
-                other => return Err(unexpected(&other)),
+            match self.meta_resent(parent, op).await {
+                (Ok(Response::Replaced(r)), _) => r,
+                (Ok(other), _) => return Err(unexpected(&other)),
+                // Re-sent after the primary died: our rename may have been applied already
+                // (what it replaced is then unknown and keeps its link).
+                (Err(e), true)
+                    if e.is(&ErrorCode::NotFound)
+                        && self
+                            .lookup_entry(parent, new_name)
+                            .await
+                            .is_ok_and(|found| found.ino == src.ino) =>
+                {
+                    None
+                }
+                (Err(e), _) => return Err(e),
             }
         } else {
             let replaced = self.insert(new_parent, new_name, src, !noreplace).await?;
@@ -506,7 +572,7 @@ impl Client {
                 want_dir: None,
                 mtime: now,
             };
-            self.meta(parent, op).await?;
+            self.ok_unless_resent_gone(parent, op).await?;
             if src.kind == FileKind::Dir {
                 let attr = SetAttr {
                     parent: Some(new_parent),

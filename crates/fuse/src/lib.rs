@@ -338,6 +338,7 @@ fn open_options(flags: i32, mode: u32) -> OpenOptions {
         create: false,
         create_new: false,
         mode,
+        ..OpenOptions::default()
     }
 }
 

@@ -169,7 +169,13 @@ pub fn assign(
     // Copies just placed are handed over first: moving a kept copy instead costs one more move.
     for kept_too in [false, true] {
         for (i, list) in out.iter_mut().enumerate() {
-            hand_over(list, prev.map(|pr| pr[i].as_slice()), kept_too, &target, &mut count);
+            hand_over(
+                list,
+                prev.map(|pr| pr[i].as_slice()),
+                kept_too,
+                &target,
+                &mut count,
+            );
         }
     }
     Ok(out)
@@ -200,7 +206,11 @@ fn hand_over(
             let under = count
                 .iter()
                 .filter(|(u, c)| **c < target[*u] && !list.contains(u))
-                .max_by(|a, b| (target[a.0] - a.1).cmp(&(target[b.0] - b.1)).then(b.0.cmp(a.0)))
+                .max_by(|a, b| {
+                    (target[a.0] - a.1)
+                        .cmp(&(target[b.0] - b.1))
+                        .then(b.0.cmp(a.0))
+                })
                 .map(|(&u, _)| u);
             if let Some(u) = under {
                 *count.get_mut(&n).expect("a listed node") -= 1;

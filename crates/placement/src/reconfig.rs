@@ -27,9 +27,8 @@ pub fn plan(
     replication: u8,
 ) -> Result<Plan, AssignError> {
     let live: BTreeSet<NodeId> = alive.iter().map(|w| w.node).collect();
-    let keep = |l: &[NodeId]| -> Vec<NodeId> {
-        l.iter().copied().filter(|n| live.contains(n)).collect()
-    };
+    let keep =
+        |l: &[NodeId]| -> Vec<NodeId> { l.iter().copied().filter(|n| live.contains(n)).collect() };
     let replicas: Vec<Vec<NodeId>> = prev.all().iter().map(|l| keep(l)).collect();
     let receiving: Vec<Vec<NodeId>> = prev.all_incoming().iter().map(|l| keep(l)).collect();
     // What each node holds or is getting: the assignment keeps as much of it as it can.
@@ -143,14 +142,20 @@ mod tests {
         for p in 0..64 {
             let (rep, inc) = (&plan.replicas[p], &plan.incoming[p]);
             assert!(!rep.contains(&3) && !inc.contains(&3));
-            assert!(rep.len() + inc.len() >= 2, "partition {p}: {rep:?} + {inc:?}");
+            assert!(
+                rep.len() + inc.len() >= 2,
+                "partition {p}: {rep:?} + {inc:?}"
+            );
             // Nothing becomes complete without a sync.
             assert!(rep.iter().all(|n| t.holds(*n, p as u32)));
         }
         // About the dead node's copies are rebuilt, not a reshuffle.
         let rebuilt: usize = plan.incoming.iter().map(Vec::len).sum();
         let lost = t.load()[&3];
-        assert!(rebuilt >= lost && rebuilt <= lost + lost / 4, "{rebuilt} for {lost}");
+        assert!(
+            rebuilt >= lost && rebuilt <= lost + lost / 4,
+            "{rebuilt} for {lost}"
+        );
     }
 
     #[test]

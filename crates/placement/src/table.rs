@@ -150,7 +150,9 @@ impl PartitionTable {
     /// The primary of `p`, unless the partition is lost.
     #[must_use]
     pub fn primary(&self, p: PartitionId) -> Option<NodeId> {
-        self.replicas.get(p as usize).and_then(|l| l.first().copied())
+        self.replicas
+            .get(p as usize)
+            .and_then(|l| l.first().copied())
     }
 
     /// All complete replica lists, indexed by partition.
@@ -281,11 +283,17 @@ mod tests {
         assert_eq!(v.lost().collect::<Vec<_>>(), vec![0]);
         assert_eq!(v.primary(0), None);
         assert_eq!(
-            u.next(vec![vec![], vec![3], vec![3]], vec![vec![1], vec![], vec![]]),
+            u.next(
+                vec![vec![], vec![3], vec![3]],
+                vec![vec![1], vec![], vec![]]
+            ),
             Err(TableError::NoSource(0))
         );
         assert_eq!(
-            u.next(vec![vec![1], vec![3], vec![3]], vec![vec![1], vec![], vec![]]),
+            u.next(
+                vec![vec![1], vec![3], vec![3]],
+                vec![vec![1], vec![], vec![]]
+            ),
             Err(TableError::DuplicateReplica(0, 1))
         );
         assert!(matches!(

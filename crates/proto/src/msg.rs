@@ -263,12 +263,26 @@ pub enum Op {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SyncItem {
     /// A stripe whose `len` bytes come next in the payload.
-    Stripe { file: Ino, index: u64, len: u32 },
-    NoStripe { file: Ino, index: u64 },
+    Stripe {
+        file: Ino,
+        index: u64,
+        len: u32,
+    },
+    NoStripe {
+        file: Ino,
+        index: u64,
+    },
     Inode(Inode),
     NoInode(Ino),
-    Entry { dir: Ino, name: Name, entry: DirEntry },
-    NoEntry { dir: Ino, name: Name },
+    Entry {
+        dir: Ino,
+        name: Name,
+        entry: DirEntry,
+    },
+    NoEntry {
+        dir: Ino,
+        name: Name,
+    },
 }
 
 /// Requests. Storage servers answer `Op`; the manager answers the rest.

@@ -74,6 +74,11 @@ pub struct ClusterSpec {
     pub memory: String,
     pub stripe_size: String,
     pub partitions: u32,
+    pub replication: u8,
+    /// Extra flags for the manager (say `--dead-after 1s`).
+    pub manager_args: Vec<String>,
+    /// Extra flags for server `i`, by index (say `--fault-delay 20ms` for a slow one).
+    pub server_args: Vec<(usize, Vec<String>)>,
 }
 
 impl Default for ClusterSpec {
@@ -83,6 +88,9 @@ impl Default for ClusterSpec {
             memory: "1GiB".into(),
             stripe_size: "1MiB".into(),
             partitions: 256,
+            replication: 1,
+            manager_args: Vec::new(),
+            server_args: Vec::new(),
         }
     }
 }
@@ -91,6 +99,7 @@ impl Default for ClusterSpec {
 pub struct Cluster {
     pub manager: SocketAddr,
     pub secret: String,
+    spec: ClusterSpec,
     manager_proc: Child,
     pub servers: Vec<Child>,
 }
@@ -123,32 +132,75 @@ impl Cluster {
             &spec.partitions.to_string(),
             "--stripe-size",
             &spec.stripe_size,
+            "--replication",
+            &spec.replication.to_string(),
         ])
+        .args(&spec.manager_args)
         .env("TESSERA_SECRET", &secret);
         let manager_proc = m.spawn().context("starting the manager")?;
         let mut cluster = Self {
             manager,
             secret,
+            spec: spec.clone(),
             manager_proc,
             servers: Vec::new(),
         };
         for i in 0..spec.servers {
-            let mut s = quiet(Command::new(&tessera));
-            s.args([
-                "server",
-                "--listen",
-                &format!("127.0.0.{}:0", i + 2),
-                "--manager",
-                &manager.to_string(),
-            ])
-            .args(["--memory", &spec.memory])
-            .env("TESSERA_SECRET", &cluster.secret);
-            cluster
-                .servers
-                .push(s.spawn().context("starting a server")?);
+            let s = cluster.spawn_server(i)?;
+            cluster.servers.push(s);
         }
         cluster.wait_ready()?;
         Ok(cluster)
+    }
+
+    /// Server `i` listens on 127.0.0.(i+2), on a port of its own choosing.
+    fn spawn_server(&self, i: usize) -> Result<Child> {
+        let mut s = quiet(Command::new(bin("tessera")?));
+        s.args([
+            "server",
+            "--listen",
+            &format!("127.0.0.{}:0", i + 2),
+            "--manager",
+            &self.manager.to_string(),
+        ])
+        .args(["--memory", &self.spec.memory])
+        .args(
+            self.spec
+                .server_args
+                .iter()
+                .filter(|(k, _)| *k == i)
+                .flat_map(|(_, a)| a),
+        )
+        .env("TESSERA_SECRET", &self.secret);
+        s.spawn().context("starting a server")
+    }
+
+    /// Starts server `i` again after it was killed (a new process, with empty memory: it
+    /// joins as a new node).
+    pub fn restart_server(&mut self, i: usize) -> Result<()> {
+        self.servers[i] = self.spawn_server(i)?;
+        Ok(())
+    }
+
+    /// Polls the manager's status through worker `w` until `done` holds for it, for at most
+    /// `within`; returns the last status. (A worker connected before a failure: a new client
+    /// cannot connect while the root directory's partition is lost.)
+    pub fn wait_status(
+        w: &mut Worker,
+        within: Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> Result<Value> {
+        let deadline = Instant::now() + within;
+        loop {
+            let st = w.ok(&json!({"cmd": "status"}))?;
+            if done(&st) {
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                bail!("status did not settle within {within:?}: {st}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     fn wait_ready(&mut self) -> Result<()> {

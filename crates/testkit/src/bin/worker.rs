@@ -71,6 +71,7 @@ impl Session {
                     create: flag(v, "create"),
                     create_new: flag(v, "create_new"),
                     mode: 0o644,
+                    ..OpenOptions::default()
                 };
                 match c.open(text(v, "path")?, &opts).await {
                     Ok(f) => {
@@ -167,6 +168,19 @@ impl Session {
                 .usage()
                 .await
                 .map(|u| json!({"used": u.used, "capacity": u.capacity, "inodes": u.inodes})),
+            "status" => c.status().await.map(|st| {
+                let nodes: Vec<Value> = st
+                    .nodes
+                    .iter()
+                    .map(|n| {
+                        json!({"id": n.id, "addr": n.addr.to_string(), "alive": n.alive,
+                               "partitions": n.partitions, "bytes_read": n.stats.bytes_read,
+                               "reads": n.stats.reads, "syncing": n.stats.syncing})
+                    })
+                    .collect();
+                json!({"epoch": st.epoch, "degraded": st.degraded, "lost": st.lost,
+                       "incoming": st.incoming, "nodes": nodes})
+            }),
             other => return Err(anyhow!("unknown command {other}")),
         })
     }
