@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
-use tessera_client::{Client, ClientOptions};
+use tessera_client::{Client, ClientOptions, WriteAck};
 use tessera_proto::{ClusterConfig, Secret};
 
 #[derive(Parser, Debug)]
@@ -30,11 +30,33 @@ struct Cli {
     /// The cluster secret every member and client must know.
     #[arg(long, global = true, env = "TESSERA_SECRET", hide_env_values = true)]
     secret: Option<String>,
+    /// With mirrors, when a write counts as done: when `all` replicas have it (default), or
+    /// the `primary` (mirrors follow, flushed by fsync and close; see docs/SEMANTICS.md).
+    #[arg(long, global = true, env = "TESSERA_WRITE_ACK", value_enum)]
+    write_ack: Option<WriteAckArg>,
     /// More log output (-v: debug, -vv: trace); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+enum WriteAckArg {
+    All,
+    Primary,
+}
+
+impl Cli {
+    /// Client options for this invocation's cluster.
+    fn client_options(&self, manager: std::net::SocketAddr, secret: &str) -> ClientOptions {
+        let mut opts = ClientOptions::new(manager, secret);
+        opts.write_ack = match self.write_ack {
+            Some(WriteAckArg::Primary) => WriteAck::Primary,
+            Some(WriteAckArg::All) | None => WriteAck::All,
+        };
+        opts
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -265,7 +287,7 @@ pub async fn shutdown_signal() -> Result<()> {
 /// A client for the commands that use a running cluster.
 async fn client(cli: &Cli, cfg: &config::FileConfig) -> Result<Client> {
     let (manager, secret) = config::endpoint(cli.manager.as_deref(), cli.secret.as_deref(), cfg)?;
-    let mut opts = ClientOptions::new(manager, &secret);
+    let mut opts = cli.client_options(manager, &secret);
     opts.ready_timeout = Duration::from_secs(10);
     Client::connect(opts)
         .await

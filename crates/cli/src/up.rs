@@ -6,7 +6,7 @@ use crate::Cli;
 use anyhow::{bail, Context, Result};
 use std::process::Stdio;
 use std::time::Duration;
-use tessera_client::{Client, ClientOptions};
+use tessera_client::Client;
 use tokio::process::{Child, Command};
 
 #[derive(clap::Args, Debug)]
@@ -160,7 +160,7 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
             .push((format!("server {}", i + 1), child(&sargs, &secret)?));
     }
 
-    let mut opts = ClientOptions::new(manager_addr, &secret);
+    let mut opts = cli.client_options(manager_addr, &secret);
     opts.ready_timeout = Duration::from_secs(60);
     let ready = tokio::select! {
         r = Client::connect(opts) => r.context("waiting for the cluster to become ready"),

@@ -95,7 +95,7 @@ fn up_then_stage_data_in_and_out() {
     }
     let status = ok(home, &["status"]);
     assert!(
-        status.contains("3 of 3 servers joined") && status.matches(" up ").count() == 3,
+        status.contains("3 servers up") && status.matches(" up ").count() == 3,
         "{status}"
     );
 

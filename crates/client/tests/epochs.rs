@@ -36,6 +36,7 @@ impl FakeManager {
             .map(|n| NodeWeight {
                 node: n.id,
                 capacity: 1,
+                domain: None,
             })
             .collect();
         let replicas = assign(None, &weights, CONFIG.partitions, 1).unwrap();

@@ -59,6 +59,7 @@ impl FakeManager {
             .map(|n| NodeWeight {
                 node: n.id,
                 capacity: 1,
+                domain: None,
             })
             .collect();
         let replicas = assign(

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tessera_placement::{
-    assign, complete, plan, Epoch, NodeId, NodeWeight, PartitionId, PartitionTable,
+    assign, complete, failure_domain, plan, Epoch, NodeId, NodeWeight, PartitionId, PartitionTable,
 };
 use tessera_proto::{
     ClusterConfig, ClusterStatus, ErrorCode, NodeAddr, NodeStats, NodeStatus, TableInfo,
@@ -74,6 +74,8 @@ impl State {
             .map(|m| NodeWeight {
                 node: m.id,
                 capacity: m.capacity,
+                // Servers labelled alike (a rack, a host) are one failure domain.
+                domain: m.label.as_deref().map(failure_domain),
             })
             .collect()
     }

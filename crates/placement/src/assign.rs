@@ -14,6 +14,32 @@ use std::collections::{BTreeMap, BTreeSet};
 pub struct NodeWeight {
     pub node: NodeId,
     pub capacity: u64,
+    /// Failure domain (a rack, a switch, a host): copies of one partition go to distinct
+    /// domains where the capacities allow it. `None`: a domain of its own.
+    pub domain: Option<u32>,
+}
+
+/// Which domains hold copies in a replica list: a node without a domain is its own.
+struct Domains(BTreeMap<NodeId, u32>);
+
+impl Domains {
+    fn new(nodes: &[NodeWeight]) -> Self {
+        Self(
+            nodes
+                .iter()
+                .filter_map(|n| Some((n.node, n.domain?)))
+                .collect(),
+        )
+    }
+
+    /// Would `n` share a failure domain with a copy in `list` (other than `except`)?
+    fn clash(&self, list: &[NodeId], n: NodeId, except: Option<NodeId>) -> bool {
+        let Some(d) = self.0.get(&n) else {
+            return false;
+        };
+        list.iter()
+            .any(|m| *m != n && Some(*m) != except && self.0.get(m) == Some(d))
+    }
 }
 
 /// Why no assignment could be made.
@@ -118,6 +144,7 @@ pub fn assign(
         .collect();
     let mut count: BTreeMap<NodeId, i64> = target.keys().map(|&n| (n, 0)).collect();
 
+    let domains = Domains::new(nodes);
     // Keep what each surviving node already holds, up to its share.
     let mut out: Vec<Vec<NodeId>> = vec![Vec::with_capacity(r); p];
     // In r rounds, the k-th keeping at most k copies of each partition: the copies that must go
@@ -130,7 +157,7 @@ pub fn assign(
                 if list.len() >= k {
                     break;
                 }
-                if list.contains(&n) {
+                if list.contains(&n) || domains.clash(list, n, None) {
                     continue;
                 }
                 if let (Some(&t), Some(c)) = (target.get(&n), count.get_mut(&n)) {
@@ -148,15 +175,22 @@ pub fn assign(
     // (declustering): a lost node is rebuilt from many peers, and balance needs few extra moves.
     for (i, list) in out.iter_mut().enumerate() {
         while list.len() < r {
-            let pick = count
-                .iter()
-                .filter(|(n, _)| !list.contains(n))
-                .max_by(|a, b| {
-                    (target[a.0] - a.1)
-                        .cmp(&(target[b.0] - b.1))
-                        .then(tie(i, *a.0).cmp(&tie(i, *b.0)))
-                })
-                .map(|(&n, _)| n)
+            // A node in a new failure domain if any is left, else any node not in the list.
+            let best = |spread: bool| {
+                count
+                    .iter()
+                    .filter(|(n, _)| {
+                        !(list.contains(n) || (spread && domains.clash(list, **n, None)))
+                    })
+                    .max_by(|a, b| {
+                        (target[a.0] - a.1)
+                            .cmp(&(target[b.0] - b.1))
+                            .then(tie(i, *a.0).cmp(&tie(i, *b.0)))
+                    })
+                    .map(|(&n, _)| n)
+            };
+            let pick = best(true)
+                .or_else(|| best(false))
                 .expect("at least r nodes, so a node not yet in this list exists");
             *count.get_mut(&pick).expect("picked from count") += 1;
             list.push(pick);
@@ -175,6 +209,7 @@ pub fn assign(
                 kept_too,
                 &target,
                 &mut count,
+                &domains,
             );
         }
     }
@@ -196,6 +231,7 @@ fn hand_over(
     kept_too: bool,
     target: &BTreeMap<NodeId, i64>,
     count: &mut BTreeMap<NodeId, i64>,
+    domains: &Domains,
 ) {
     {
         for slot in 0..list.len() {
@@ -205,7 +241,12 @@ fn hand_over(
             }
             let under = count
                 .iter()
-                .filter(|(u, c)| **c < target[*u] && !list.contains(u))
+                // Never into a domain the partition already has (unless `n` clashed already).
+                .filter(|(u, c)| {
+                    **c < target[*u]
+                        && !list.contains(u)
+                        && (domains.clash(list, n, None) || !domains.clash(list, **u, Some(n)))
+                })
                 .max_by(|a, b| {
                     (target[a.0] - a.1)
                         .cmp(&(target[b.0] - b.1))
@@ -232,6 +273,7 @@ mod tests {
             .map(|node| NodeWeight {
                 node,
                 capacity: 4 << 30,
+                domain: None,
             })
             .collect()
     }
@@ -260,16 +302,19 @@ mod tests {
         let zero = [NodeWeight {
             node: 1,
             capacity: 0,
+            domain: None,
         }];
         assert_eq!(assign(None, &zero, 8, 1), Err(AssignError::ZeroCapacity(1)));
         let dup = [
             NodeWeight {
                 node: 1,
                 capacity: 1,
+                domain: None,
             },
             NodeWeight {
                 node: 1,
                 capacity: 1,
+                domain: None,
             },
         ];
         assert_eq!(assign(None, &dup, 8, 1), Err(AssignError::DuplicateNode(1)));
@@ -281,14 +326,17 @@ mod tests {
             NodeWeight {
                 node: 1,
                 capacity: 100,
+                domain: None,
             },
             NodeWeight {
                 node: 2,
                 capacity: 1,
+                domain: None,
             },
             NodeWeight {
                 node: 3,
                 capacity: 1,
+                domain: None,
             },
         ];
         // r = 2 over 10 partitions: the big node is capped at 10, the rest split evenly.
@@ -313,7 +361,7 @@ mod tests {
         #[test]
         fn heterogeneous_shares_are_proportional(caps in prop::collection::vec(1u64..64, 1..12), p in 64u32..2048) {
             let nodes: Vec<_> = caps.iter().enumerate()
-                .map(|(i, &c)| NodeWeight { node: i as u32 + 1, capacity: c << 30 }).collect();
+                .map(|(i, &c)| NodeWeight { node: i as u32 + 1, capacity: c << 30, domain: None }).collect();
             let a = assign(None, &nodes, p, 1).unwrap();
             let load = PartitionTable::new(0, a).unwrap().load();
             let total: u64 = caps.iter().sum();
@@ -353,6 +401,21 @@ mod tests {
             let before = assign(None, &equal(n), p, r).unwrap();
             let after = assign(Some(&before), &equal(n + add), p, r).unwrap();
             prop_assert!(PartitionTable::new(0, after.clone()).is_ok(), "distinct replicas");
+            let (min, max) = spread(&after);
+            prop_assert!(max - min <= 2, "min {} max {}", min, max);
+        }
+
+        #[test]
+        fn copies_spread_over_failure_domains(d in 2u32..5, per in 1u32..4, p in 16u32..512, r in 1u8..=3, add in 0u32..2) {
+            // d domains of `per` equal nodes each (node k in domain k % d), then a join.
+            prop_assume!(d as usize >= r as usize);
+            let nodes = |n: u32| (1..=n).map(|node| NodeWeight { node, capacity: 1 << 30, domain: Some(node % d) }).collect::<Vec<_>>();
+            let before = assign(None, &nodes(d * per), p, r).unwrap();
+            let after = assign(Some(&before), &nodes(d * (per + add)), p, r).unwrap();
+            for list in before.iter().chain(&after) {
+                let ds: std::collections::BTreeSet<_> = list.iter().map(|n| n % d).collect();
+                prop_assert_eq!(ds.len(), list.len(), "{:?}", list);
+            }
             let (min, max) = spread(&after);
             prop_assert!(max - min <= 2, "min {} max {}", min, max);
         }

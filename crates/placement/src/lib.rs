@@ -62,6 +62,12 @@ pub fn meta_partition(ino: Ino, partitions: u32) -> PartitionId {
     stripe_partition(ino, META_STRIPE, partitions)
 }
 
+/// The failure domain of servers labelled `label` (a rack, a switch, a host).
+#[must_use]
+pub fn failure_domain(label: &str) -> u32 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(label.as_bytes(), HASH_SEED) as u32
+}
+
 /// Checks a stripe size chosen by a user.
 pub fn validate_stripe_size(size: u64) -> Result<u32, String> {
     if size == 0 || !size.is_multiple_of(1 << 20) || size > u64::from(MAX_STRIPE_SIZE) {

@@ -115,6 +115,7 @@ mod tests {
             .map(|node| NodeWeight {
                 node,
                 capacity: 1 << 30,
+                domain: None,
             })
             .collect()
     }

@@ -699,10 +699,12 @@ mod tests {
             NodeWeight {
                 node: 1,
                 capacity: 1,
+                domain: None,
             },
             NodeWeight {
                 node: 2,
                 capacity: 1,
+                domain: None,
             },
         ];
         let table = PartitionTable::new(3, assign(None, &nodes, P, 1).unwrap()).unwrap();
