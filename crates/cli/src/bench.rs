@@ -39,6 +39,10 @@ struct Report {
     block_bytes: u64,
     write_gbps: f64,
     read_gbps: f64,
+    /// Reads of one block at random offsets, one at a time (latency-bound: no read-ahead,
+    /// nothing else in flight), and their mean latency.
+    lone_read_gbps: f64,
+    lone_read_ms: f64,
     files: usize,
     tasks: usize,
     creates_per_s: f64,
@@ -119,6 +123,10 @@ pub async fn run(client: Client, args: BenchArgs) -> Result<()> {
         100.0 * report.read_gbps / tcp
     );
     println!(
+        "lone random reads         {:6.2} GB/s  ({:.2} ms each, one at a time)",
+        report.lone_read_gbps, report.lone_read_ms
+    );
+    println!(
         "creates ({} tasks)         {:8.0} /s",
         report.tasks, report.creates_per_s
     );
@@ -184,6 +192,17 @@ async fn measure(
     f.close().await?;
     let read_gbps = size as f64 / start.elapsed().as_secs_f64() / GB;
     pb.finish_and_clear();
+
+    let blocks = (size / block).max(1);
+    let lone = blocks.min(256);
+    let mut f = client.open(&path, &OpenOptions::read()).await?;
+    let start = Instant::now();
+    for _ in 0..lone {
+        let off = rand::random::<u64>() % blocks * block;
+        f.read_at(off, block as usize).await?;
+    }
+    f.close().await?;
+    let lone_secs = start.elapsed().as_secs_f64();
     client.remove_file(&path).await?;
 
     let meta_dir = client.create_dir(&format!("{dir}/meta")).await?.ino;
@@ -218,6 +237,8 @@ async fn measure(
         block_bytes: block,
         write_gbps,
         read_gbps,
+        lone_read_gbps: (lone * block.min(size)) as f64 / lone_secs / GB,
+        lone_read_ms: lone_secs * 1e3 / lone as f64,
         files,
         tasks,
         creates_per_s: files as f64 / creates.as_secs_f64(),

@@ -583,7 +583,7 @@ impl Router {
         let route = self.route();
         let (order, loads, usable) = self.read_order(route.replicas(key)?);
         let cut = match loads.as_slice() {
-            [a, b, ..] => choose::split_at(len, usable, a.latency, b.latency),
+            [a, b, ..] => choose::split_at(len, usable, *a, *b),
             _ => None,
         };
         let pieces = match cut {
