@@ -373,11 +373,16 @@ fn whole_frame(buf: &[u8]) -> bool {
 }
 
 /// Serves requests. `handle` runs once per request, in arrival order within a connection.
-/// A handler's answer: ready now (store operations), or after other servers answered (a
-/// replicated metadata change). Either way a connection's answers go out in request order.
+type Answering = std::pin::Pin<Box<dyn std::future::Future<Output = (Response, Bytes)> + Send>>;
+
+/// A handler's answer: ready now (store operations); later, still in request order (the
+/// connection waits for it: a slow node); or detached, when ready, while the connection goes on
+/// with the requests after it (a metadata change waiting for the mirrors: its client awaits
+/// each such change before it sends what depends on it).
 pub enum Reply {
     Now(Response, Bytes),
-    Later(std::pin::Pin<Box<dyn std::future::Future<Output = (Response, Bytes)> + Send>>),
+    Later(Answering),
+    Detached(Answering),
 }
 
 pub trait Handler: Send + Sync + 'static {
@@ -401,6 +406,30 @@ pub async fn serve(listener: TcpListener, cfg: Arc<RpcConfig>, handler: Arc<dyn 
     }
 }
 
+/// Writes one answer (and flushes, if asked).
+async fn answer_with(
+    w: &mut BufWriter<OwnedWriteHalf>,
+    id: u64,
+    resp: &Response,
+    payload: &Bytes,
+    flush: bool,
+) -> std::io::Result<()> {
+    let head = postcard::to_allocvec(resp)
+        .map_err(|e| e.to_string())
+        .and_then(|h| {
+            encode_head(id, FrameKind::Response, &h, payload.len()).map_err(|e| e.to_string())
+        })
+        .map_err(|e| std::io::Error::other(format!("cannot encode a response: {e}")))?;
+    w.write_all(&head).await?;
+    if !payload.is_empty() {
+        w.write_all(payload).await?;
+    }
+    if flush {
+        w.flush().await?;
+    }
+    Ok(())
+}
+
 /// Authenticates and serves one connection until it closes or misbehaves. A malformed frame
 /// ends this connection only, with a logged error.
 pub async fn serve_connection(
@@ -415,8 +444,11 @@ pub async fn serve_connection(
         return;
     }
     let (rd, wr) = stream.into_split();
-    // Answers are written by this task, not handed to another: one wake-up less per request.
-    let mut w = BufWriter::with_capacity(IO_BUF, wr);
+    // Answers are written by this task, not handed to another (one wake-up less per request),
+    // except detached ones, written by their own task when ready.
+    let w = Arc::new(tokio::sync::Mutex::new(BufWriter::with_capacity(
+        IO_BUF, wr,
+    )));
     let mut rd = BufReader::with_capacity(IO_BUF, rd);
     loop {
         let frame = match read_frame(&mut rd, cfg.limits, &cfg.pool).await {
@@ -445,36 +477,34 @@ pub async fn serve_connection(
         let (resp, payload) = match handler.handle(req, frame.payload) {
             Reply::Now(resp, payload) => (resp, payload),
             Reply::Later(answer) => answer.await,
-        };
-        let head = postcard::to_allocvec(&resp)
-            .map_err(|e| e.to_string())
-            .and_then(|h| {
-                encode_head(frame.id, FrameKind::Response, &h, payload.len())
-                    .map_err(|e| e.to_string())
-            });
-        let head = match head {
-            Ok(head) => head,
-            Err(e) => {
-                warn!(%peer, "closing connection: cannot encode a response: {e}");
-                break;
+            Reply::Detached(answer) => {
+                let (writer, id) = (w.clone(), frame.id);
+                tokio::spawn(async move {
+                    let (resp, payload) = answer.await;
+                    let mut w = writer.lock().await;
+                    if let Err(e) = answer_with(&mut w, id, &resp, &payload, true).await {
+                        debug!(%peer, "connection ended while answering: {e}");
+                    }
+                });
+                // Answers held back for a batch must not wait for the detached one.
+                if !whole_frame(rd.buffer()) {
+                    if let Err(e) = w.lock().await.flush().await {
+                        debug!(%peer, "connection ended while answering: {e}");
+                        return;
+                    }
+                }
+                continue;
             }
         };
-        let written = async {
-            w.write_all(&head).await?;
-            if !payload.is_empty() {
-                w.write_all(&payload).await?;
-            }
-            // Another whole request already read: answer it too, in one write. Else send now.
-            if !whole_frame(rd.buffer()) {
-                w.flush().await?;
-            }
-            Ok::<_, std::io::Error>(())
-        };
-        if let Err(e) = written.await {
+        // Another whole request already read: answer it too, in one write. Else send now.
+        let flush = !whole_frame(rd.buffer());
+        let mut w = w.lock().await;
+        if let Err(e) = answer_with(&mut w, frame.id, &resp, &payload, flush).await {
             debug!(%peer, "connection ended while answering: {e}");
             return;
         }
     }
+    let mut w = w.lock().await;
     if let Err(e) = w.shutdown().await {
         debug!(%peer, "connection ended: {e}");
     }

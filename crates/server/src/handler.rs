@@ -341,7 +341,7 @@ impl NodeHandler {
                 return now(err(stale(t.info.table.epoch())));
             }
             let h = self.clone();
-            return Reply::Later(Box::pin(async move { h.replicate(epoch, p, op).await }));
+            return Reply::Detached(Box::pin(async move { h.replicate(epoch, p, op).await }));
         }
         if !self.fault_delay.is_zero()
             && matches!(op, Op::ReadStripe { .. } | Op::WriteStripe { .. })
@@ -685,7 +685,7 @@ mod tests {
     fn answer(r: Reply) -> Response {
         match r {
             Reply::Now(resp, _) => resp,
-            Reply::Later(_) => panic!("expected an answer at once"),
+            Reply::Later(_) | Reply::Detached(_) => panic!("expected an answer at once"),
         }
     }
 
