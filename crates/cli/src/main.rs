@@ -4,6 +4,8 @@ mod bench;
 mod config;
 mod files;
 mod mount;
+mod report;
+mod scale;
 mod status;
 mod up;
 
@@ -87,6 +89,11 @@ enum Cmd {
     Cat(files::CatArgs),
     /// Measure throughput and metadata rates through the client library.
     Bench(bench::BenchArgs),
+    /// Plot memory allocated and used over time (HTML with an SVG chart, or --json).
+    Report(report::ReportArgs),
+    /// Grow or shrink a running cluster (servers from the manager's provisioner; removed
+    /// servers are drained first).
+    Scale(scale::ScaleArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -102,6 +109,16 @@ struct ManagerArgs {
     expect: Option<u32>,
     #[command(flatten)]
     shape: ClusterArgs,
+    /// Where new servers come from for `tessera scale --add` and the elastic policy: `local`
+    /// (server processes on this machine, on the next free 127.0.0.k) or a command, run as
+    /// `CMD add` to get a server and `CMD remove` to release one (docs/CLI.md).
+    #[arg(long)]
+    provision: Option<String>,
+    /// Memory each server started by `--provision local` offers.
+    #[arg(long, default_value = "1GiB")]
+    node_memory: String,
+    #[command(flatten)]
+    elastic: ElasticArgs,
 }
 
 /// The shape of a new cluster, shared by `manager` and `up`.
@@ -120,6 +137,77 @@ pub struct ClusterArgs {
     /// (e.g. 2s, 500ms; default 2s). Servers heartbeat every 500 ms.
     #[arg(long, value_parser = parse_duration)]
     dead_after: Option<Duration>,
+}
+
+/// The elastic policy, shared by `manager` and `up`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ElasticArgs {
+    /// Grow the cluster when memory use passes --scale-high and shrink it below --scale-low
+    /// (servers come from --provision; `up --elastic` starts local ones).
+    #[arg(long)]
+    elastic: bool,
+    /// Memory use above which servers are added (e.g. 90% or 0.9).
+    #[arg(long, default_value = "90%")]
+    scale_high: String,
+    /// Memory use below which servers are drained and removed.
+    #[arg(long, default_value = "50%")]
+    scale_low: String,
+    /// Servers added or removed at a time: a count (2) or a share of the current ones (25%).
+    #[arg(long, default_value = "25%")]
+    scale_step: String,
+    /// Fewest servers the policy keeps (at least the replication factor).
+    #[arg(long)]
+    min_nodes: Option<usize>,
+    /// Most servers the policy runs.
+    #[arg(long)]
+    max_nodes: Option<usize>,
+    /// Pause after each decision before the next (default 10s).
+    #[arg(long, value_parser = parse_duration)]
+    scale_cooldown: Option<Duration>,
+}
+
+impl ElasticArgs {
+    /// The policy, checked, if `--elastic`.
+    pub fn policy(&self, replication: u8) -> Result<Option<tessera_manager::policy::PolicyConfig>> {
+        use tessera_manager::policy::{parse_mark, PolicyConfig, Step};
+        if !self.elastic {
+            return Ok(None);
+        }
+        let d = PolicyConfig::default();
+        let cfg = PolicyConfig {
+            high: parse_mark(&self.scale_high).context("--scale-high")?,
+            low: parse_mark(&self.scale_low).context("--scale-low")?,
+            step: self.scale_step.parse::<Step>().context("--scale-step")?,
+            min_nodes: self.min_nodes.unwrap_or(1).max(usize::from(replication)),
+            max_nodes: self.max_nodes.unwrap_or(d.max_nodes),
+            cooldown: self.scale_cooldown.unwrap_or(d.cooldown),
+        };
+        cfg.validate().context("elastic policy")?;
+        Ok(Some(cfg))
+    }
+
+    /// The same flags, for a manager that `up` starts.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a = vec![
+            "--elastic".into(),
+            "--scale-high".into(),
+            self.scale_high.clone(),
+            "--scale-low".into(),
+            self.scale_low.clone(),
+            "--scale-step".into(),
+            self.scale_step.clone(),
+        ];
+        if let Some(n) = self.min_nodes {
+            a.extend(["--min-nodes".into(), n.to_string()]);
+        }
+        if let Some(n) = self.max_nodes {
+            a.extend(["--max-nodes".into(), n.to_string()]);
+        }
+        if let Some(d) = self.scale_cooldown {
+            a.extend(["--scale-cooldown".into(), format!("{}ms", d.as_millis())]);
+        }
+        a
+    }
 }
 
 /// Default for `--dead-after`: four missed heartbeats.
@@ -211,6 +299,7 @@ async fn run_manager(cli: &Cli, args: &ManagerArgs, cfg: &config::FileConfig) ->
         .or_else(|| cfg.manager.clone())
         .unwrap_or_else(|| DEFAULT_MANAGER.into());
     let http = args.http.clone().or_else(|| cfg.http.clone());
+    let config = args.shape.resolve(cfg)?;
     let opts = tessera_manager::ManagerOptions {
         listen: config::addr(&listen, "listen")?,
         http: http
@@ -220,9 +309,17 @@ async fn run_manager(cli: &Cli, args: &ManagerArgs, cfg: &config::FileConfig) ->
         secret: Secret::new(&secret),
         http_token: secret,
         expect_servers: args.expect.or(cfg.cluster.servers).unwrap_or(1),
-        config: args.shape.resolve(cfg)?,
+        config,
+        policy: args.elastic.policy(config.replication)?,
         heartbeat_timeout: args.shape.dead_after.unwrap_or(DEFAULT_DEAD_AFTER),
         root_mode: 0o755,
+        provision: match args.provision.as_deref() {
+            Some(p) => {
+                config::size(&args.node_memory).context("--node-memory")?;
+                Some(tessera_manager::provision::parse_spec(p, &args.node_memory))
+            }
+            None => None,
+        },
     };
     let running = tessera_manager::start(opts).await?;
     eprintln!("manager listening on {}", running.rpc_addr());
@@ -315,6 +412,12 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Mkdir(a) => files::mkdir(&client(&cli, &cfg).await?, a).await,
         Cmd::Cat(a) => files::cat(&client(&cli, &cfg).await?, a).await,
         Cmd::Bench(a) => bench::run(client(&cli, &cfg).await?, a.clone()).await,
+        Cmd::Report(a) => report::run(cli.secret.as_deref(), &cfg, a).await,
+        Cmd::Scale(a) => {
+            let (manager, secret) =
+                config::endpoint(cli.manager.as_deref(), cli.secret.as_deref(), &cfg)?;
+            scale::run(manager, &secret, a).await
+        }
     }
 }
 

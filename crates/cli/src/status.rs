@@ -49,7 +49,15 @@ fn ids(list: &[NodeId]) -> String {
         .join(" ")
 }
 
-async fn ask(c: &RpcClient, req: &Request) -> Result<Response> {
+/// A connection straight to the manager (works while the cluster is not usable yet).
+pub async fn connect(manager: SocketAddr, secret: &str) -> Result<RpcClient> {
+    let rpc = RpcConfig::new(Secret::new(secret), Arc::new(BufferPool::new(64 << 10, 2)));
+    RpcClient::connect(manager, &rpc)
+        .await
+        .with_context(|| format!("connecting to the manager at {manager}"))
+}
+
+pub async fn ask(c: &RpcClient, req: &Request) -> Result<Response> {
     Ok(c.call(req, Bytes::new())
         .await
         .context("asking the manager")?
@@ -57,10 +65,7 @@ async fn ask(c: &RpcClient, req: &Request) -> Result<Response> {
 }
 
 pub async fn run(manager: SocketAddr, secret: &str, args: &StatusArgs) -> Result<()> {
-    let rpc = RpcConfig::new(Secret::new(secret), Arc::new(BufferPool::new(64 << 10, 2)));
-    let c = RpcClient::connect(manager, &rpc)
-        .await
-        .with_context(|| format!("connecting to the manager at {manager}"))?;
+    let c = connect(manager, secret).await?;
     let s = match ask(&c, &Request::GetStatus).await? {
         Response::Status(s) => s,
         Response::Error(e) => bail!("the manager refused the status request: {e}"),

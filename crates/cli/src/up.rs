@@ -28,6 +28,9 @@ pub struct UpArgs {
     /// Let all users use the mount (the kernel still checks each file's permissions).
     #[arg(long, requires = "mount")]
     allow_other: bool,
+    /// With --elastic, servers the policy adds are local processes offering --memory each.
+    #[command(flatten)]
+    elastic: crate::ElasticArgs,
 }
 
 /// Half of MemAvailable, split among `servers`, in whole MiB.
@@ -140,6 +143,14 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
     margs.extend(["--replication".into(), shape.replication.to_string()]);
     if let Some(d) = args.shape.dead_after {
         margs.extend(["--dead-after".into(), format!("{}ms", d.as_millis())]);
+    }
+    // Checked here too, so a bad policy fails before anything starts.
+    args.elastic.policy(shape.replication)?;
+    // Local servers can always be added by hand (`tessera scale --add`).
+    margs.extend(["--provision".into(), "local".into()]);
+    margs.extend(["--node-memory".into(), memory.to_string()]);
+    if args.elastic.elastic {
+        margs.extend(args.elastic.to_args());
     }
 
     let mut children = Children(vec![("manager".into(), child(&margs, &secret)?)]);

@@ -2,6 +2,8 @@
 //! this client measured per node (CEFT-PVFS's "read from the least loaded mirror, skip a hot
 //! spot", with the load measured where it is felt: in the client).
 
+use std::time::Duration;
+
 /// What the client knows about the node holding one replica.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub(crate) struct Load {
@@ -72,6 +74,25 @@ pub(crate) fn split_at(len: u32, usable: usize, first: Load, second: Load) -> Op
     (at > 0 && at < len).then_some(at)
 }
 
+/// A read unanswered this many times longer than the best replica's recent service time
+/// (for its length) is late: it is sent to another replica too ("hedged"), and whichever
+/// answers first is used. Never sooner than [`HEDGE_MIN`]: queueing behind the client's own
+/// read-ahead takes a few service times on a healthy node.
+pub(crate) const HEDGE_FACTOR: f64 = 4.0;
+pub(crate) const HEDGE_MIN: Duration = Duration::from_millis(2);
+/// With no recent measurement of any replica, a read is late after this.
+pub(crate) const HEDGE_UNKNOWN: Duration = Duration::from_millis(20);
+
+/// When a read of `len` bytes becomes late, given the best replica's latency (microseconds per
+/// [`LATENCY_UNIT`](crate::route) bytes, the unit [`Load::latency`] is in).
+pub(crate) fn hedge_after(len: u32, best: Option<f64>, unit: u32) -> Duration {
+    let Some(best) = best else {
+        return HEDGE_UNKNOWN;
+    };
+    let units = f64::from(len.max(unit)) / f64::from(unit.max(1));
+    Duration::from_secs_f64(best * units * HEDGE_FACTOR / 1e6).max(HEDGE_MIN)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,6 +155,19 @@ mod tests {
         assert_eq!(rank(&[load(9, Some(1e6))]), (vec![0], 1));
         assert_eq!(rank(&[]), (vec![], 0));
         assert_eq!(split_at(1 << 20, 1, load(0, None), load(0, None)), None);
+    }
+
+    #[test]
+    fn hedge_timing() {
+        let unit = 64 << 10;
+        assert_eq!(hedge_after(1 << 20, None, unit), HEDGE_UNKNOWN);
+        // 100 us per 64 KiB: a 1 MiB read takes 1.6 ms; late after four times that.
+        assert_eq!(
+            hedge_after(1 << 20, Some(100.0), unit),
+            Duration::from_micros(6400)
+        );
+        // Small or fast reads wait at least the floor.
+        assert_eq!(hedge_after(4096, Some(10.0), unit), HEDGE_MIN);
     }
 
     #[test]

@@ -188,8 +188,8 @@ enum Pending {
     /// Waited for by whoever finishes the read (it does so at once).
     Sent(Tracked),
     /// Read ahead: a task waits for it, so its latency is measured when it arrives, not when
-    /// the reader gets to it.
-    Spawned(NodeId, tokio::task::JoinHandle<(NodeId, Answer)>),
+    /// the reader gets to it. With when it was sent.
+    Spawned(NodeId, Instant, tokio::task::JoinHandle<(NodeId, Answer)>),
     Failed(Tried),
 }
 
@@ -210,7 +210,7 @@ impl ReadPart {
             down: None,
         });
         self.pending = match std::mem::replace(&mut self.pending, placeholder) {
-            Pending::Sent(t) => Pending::Spawned(t.node, tokio::spawn(t.wait())),
+            Pending::Sent(t) => Pending::Spawned(t.node, t.sent, tokio::spawn(t.wait())),
             other => other,
         };
     }
@@ -643,27 +643,98 @@ impl Router {
     /// The bytes of a part sent by [`Self::send_read`]; if its replica failed, read again from
     /// another (see [`Self::read`]).
     pub async fn finish_read(&self, part: ReadPart) -> Result<Bytes> {
-        let tried = match part.pending {
+        let ReadPart {
+            key,
+            op,
+            len,
+            pending,
+            ..
+        } = part;
+        let outcome = match pending {
             Pending::Sent(t) => {
-                let (node, answer) = t.wait().await;
-                match settle(node, answer)? {
-                    Ok(b) => return Ok(b),
-                    Err(tried) => tried,
-                }
+                let (node, sent) = (t.node, t.sent);
+                let first = async move {
+                    let (node, answer) = t.wait().await;
+                    settle(node, answer)
+                };
+                self.hedged(key, &op, len, node, sent, first).await?
             }
-            Pending::Spawned(node, task) => match task.await {
-                Ok((node, answer)) => match settle(node, answer)? {
-                    Ok(b) => return Ok(b),
-                    Err(tried) => tried,
-                },
-                Err(e) => Tried {
-                    node,
-                    down: Some(e.to_string()),
-                },
-            },
-            Pending::Failed(tried) => tried,
+            Pending::Spawned(node, sent, task) => {
+                let first = async move {
+                    match task.await {
+                        Ok((node, answer)) => settle(node, answer),
+                        Err(e) => Ok(Err(Tried {
+                            node,
+                            down: Some(e.to_string()),
+                        })),
+                    }
+                };
+                self.hedged(key, &op, len, node, sent, first).await?
+            }
+            Pending::Failed(tried) => Err(tried),
         };
-        self.read(part.key, &part.op, part.len, vec![tried]).await
+        match outcome {
+            Ok(b) => Ok(b),
+            Err(tried) => self.read(key, &op, len, vec![tried]).await,
+        }
+    }
+
+    /// Waits for a read sent to `node` at `sent`; if it is late (see [`choose::hedge_after`])
+    /// and another usable replica exists, sends it there too and takes the first good answer.
+    /// A late node is marked slow at once, so the next reads avoid it (CEFT-PVFS's hot-spot
+    /// skipping, without waiting for the slow answer to measure it).
+    async fn hedged(
+        &self,
+        key: Key,
+        op: &Op,
+        len: u32,
+        node: NodeId,
+        sent: Instant,
+        first: impl std::future::Future<Output = Result<std::result::Result<Bytes, Tried>>>,
+    ) -> Result<std::result::Result<Bytes, Tried>> {
+        tokio::pin!(first);
+        let route = self.route();
+        let others: Vec<NodeId> = route
+            .replicas(key)
+            .map(|r| r.iter().copied().filter(|&n| n != node).collect())
+            .unwrap_or_default();
+        let (order, loads, usable) = self.read_order(&others);
+        if usable == 0 {
+            return first.await;
+        }
+        let best = loads
+            .iter()
+            .filter_map(|l| l.latency)
+            .chain(self.load_of(node).load(Instant::now()).latency)
+            .min_by(f64::total_cmp);
+        let late = sent + choose::hedge_after(len, best, LATENCY_UNIT);
+        if let Ok(done) = tokio::time::timeout_at(late.into(), &mut first).await {
+            return done;
+        }
+        self.load_of(node).record(sent.elapsed(), len);
+        let Ok(t) = self.send_tracked(&route, order[0], op, len).await else {
+            return first.await;
+        };
+        debug!(
+            late = node,
+            to = order[0],
+            "read is late: asking another replica too"
+        );
+        let second = async move {
+            let (node, answer) = t.wait().await;
+            settle(node, answer)
+        };
+        tokio::pin!(second);
+        tokio::select! {
+            r = &mut first => match r? {
+                Ok(b) => Ok(Ok(b)),
+                Err(_) => second.await,
+            },
+            r = &mut second => match r? {
+                Ok(b) => Ok(Ok(b)),
+                Err(_) => first.await,
+            },
+        }
     }
 
     /// Reads with retries: a replica that fails (unreachable, stale, not ready) is replaced at

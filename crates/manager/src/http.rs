@@ -1,6 +1,8 @@
 //! HTTP admin API: `/health` (open), and with `Authorization: Bearer <cluster secret>`:
-//! `/status` (JSON), `/table` (JSON), `/metrics` (Prometheus text format).
+//! `/status` (JSON), `/table` (JSON), `/metrics` (Prometheus text format), `/history` (JSON:
+//! memory allocated and used over time, with its integrals; `tessera report` plots it).
 
+use crate::history::{usage_stats, Sample};
 use crate::Shared;
 use axum::extract::{Request, State as AxState};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -33,6 +35,7 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>, token: Str
         .route("/status", get(status))
         .route("/table", get(table))
         .route("/metrics", get(metrics))
+        .route("/history", get(history))
         .route_layer(axum::middleware::from_fn_with_state(
             ctx.clone(),
             require_token,
@@ -111,6 +114,26 @@ async fn table(AxState(ctx): AxState<Ctx>) -> Response {
         )
             .into_response(),
     }
+}
+
+/// The body of `/history`: the samples (a step function: each holds until the next), the
+/// current bucket width, and the integrals over the whole record.
+pub(crate) fn history_body(samples: &[Sample], resolution_ms: u64) -> serde_json::Value {
+    json!({
+        "resolution_ms": resolution_ms,
+        "samples": samples,
+        "stats": usage_stats(samples),
+    })
+}
+
+async fn history(AxState(ctx): AxState<Ctx>) -> Response {
+    // Copy out under the lock (a few thousand samples at most), encode outside it.
+    let (samples, resolution) = {
+        let st = ctx.shared.lock();
+        let h = st.history();
+        (h.samples(), h.resolution_ms())
+    };
+    Json(history_body(&samples, resolution)).into_response()
 }
 
 type Labels = Vec<(String, String)>;
@@ -220,4 +243,33 @@ async fn metrics(AxState(ctx): AxState<Ctx>) -> Response {
         out,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::History;
+
+    #[test]
+    fn history_body_has_samples_and_stats() {
+        let empty = history_body(&[], 1000);
+        assert_eq!(empty["samples"], json!([]));
+        assert_eq!(empty["stats"]["duration_s"], 0.0);
+        let mut h = History::new(16, 0);
+        for (t, used) in [(0, 1u64 << 30), (2000, 2 << 30), (4000, 2 << 30)] {
+            h.record(Sample {
+                t_ms: t,
+                nodes: 2,
+                allocated: 4 << 30,
+                used,
+            });
+        }
+        let v = history_body(&h.samples(), h.resolution_ms());
+        assert_eq!(v["resolution_ms"], 0);
+        assert_eq!(v["samples"].as_array().map(Vec::len), Some(3));
+        assert_eq!(v["samples"][1]["used"], 2u64 << 30);
+        assert_eq!(v["stats"]["duration_s"], 4.0);
+        assert_eq!(v["stats"]["mean_utilisation"], 0.375);
+        assert_eq!(v["stats"]["peak_nodes"], 2);
+    }
 }

@@ -2,11 +2,19 @@
 //! ([`state`]), the root directory, and an HTTP admin API with Prometheus metrics ([`http`]).
 //! It is never on the data path: clients fetch the table and talk to the servers directly.
 
+pub mod history;
 pub mod http;
+pub mod policy;
+pub mod provision;
 pub mod state;
 
 use bytes::Bytes;
-use state::State;
+use policy::{Decision, Policy};
+use provision::{ProvisionSpec, Provisioner};
+use state::{Beat, State};
+
+/// How often memory use is sampled (history, elastic policy).
+const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -33,6 +41,10 @@ pub struct ManagerOptions {
     pub heartbeat_timeout: Duration,
     /// Permission bits of the root directory.
     pub root_mode: u32,
+    /// Where new servers come from (`tessera scale --add`, the elastic policy).
+    pub provision: Option<ProvisionSpec>,
+    /// Grow and shrink with memory use (needs a provisioner to grow).
+    pub policy: Option<policy::PolicyConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +74,13 @@ impl ManagerOptions {
                 c.replication, self.expect_servers
             ));
         }
+        if let Some(p) = &self.policy {
+            p.validate()
+                .map_err(|e| ManagerError::Config(e.to_string()))?;
+            if self.provision.is_none() {
+                return bad("the elastic policy needs a provisioner (--provision)".into());
+            }
+        }
         if self.heartbeat_timeout.is_zero() {
             return bad("the time after which a silent server is dead must not be zero".into());
         }
@@ -73,11 +92,51 @@ impl ManagerOptions {
 pub(crate) struct Shared {
     state: Mutex<State>,
     root_mode: u32,
+    provisioner: Mutex<Option<Provisioner>>,
 }
 
 impl Shared {
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn provisioner(&self) -> MutexGuard<'_, Option<Provisioner>> {
+        self.provisioner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Grows by `add` servers (through the provisioner) and drains `remove`.
+    fn scale(
+        &self,
+        add: u32,
+        remove: &[tessera_placement::NodeId],
+        now: Instant,
+    ) -> Result<(), ErrorCode> {
+        if add > 0 {
+            let taken = self.lock().member_addrs();
+            let mut prov = self.provisioner();
+            let prov = prov
+                .as_mut()
+                .ok_or_else(|| ErrorCode::Invalid(provision::ProvisionError::None.to_string()))?;
+            prov.add(add, &taken)
+                .map_err(|e| ErrorCode::Internal(e.to_string()))?;
+        }
+        if !remove.is_empty() {
+            self.lock().drain(remove, now)?;
+        }
+        Ok(())
+    }
+
+    /// Hands retired servers to the provisioner, and reaps the processes it started.
+    fn release_retired(&self) {
+        let retired = self.lock().take_released();
+        if let Some(p) = self.provisioner().as_mut() {
+            for (node, addr) in retired {
+                p.release(node, addr);
+            }
+            p.reap();
+        }
     }
 }
 
@@ -131,7 +190,8 @@ impl Handler for ManagerHandler {
             }
             Request::Heartbeat { node, stats } => {
                 match self.shared.lock().heartbeat(node, stats, now) {
-                    Ok(epoch) => Response::HeartbeatAck { epoch },
+                    Ok(Beat::Epoch(epoch)) => Response::HeartbeatAck { epoch },
+                    Ok(Beat::Retired) => Response::Retired,
                     Err(e) => Response::Error(e),
                 }
             }
@@ -152,6 +212,10 @@ impl Handler for ManagerHandler {
                 }
             },
             Request::GetStatus => Response::Status(self.shared.lock().status(now)),
+            Request::Scale { add, remove } => match self.shared.scale(add, &remove, now) {
+                Ok(()) => Response::Ok,
+                Err(e) => Response::Error(e),
+            },
             Request::Op { .. } | Request::Replica { .. } => Response::Error(ErrorCode::Invalid(
                 "the manager serves no file operations".into(),
             )),
@@ -168,9 +232,24 @@ async fn watch(shared: Arc<Shared>, timeout: Duration) {
     let every = (timeout / 4).clamp(Duration::from_millis(10), Duration::from_millis(200));
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_sample: Option<Instant> = None;
     loop {
         tick.tick().await;
-        shared.lock().tick(Instant::now());
+        let now = Instant::now();
+        shared.lock().tick(now);
+        shared.release_retired();
+        if last_sample.is_none_or(|t| now.duration_since(t) >= SAMPLE_EVERY) {
+            last_sample = Some(now);
+            let decision = shared.lock().elastic(now);
+            let acted = match decision {
+                Decision::None => Ok(()),
+                Decision::Add(n) => shared.scale(n, &[], now),
+                Decision::Remove(ids) => shared.scale(0, &ids, now),
+            };
+            if let Err(e) = acted {
+                warn!("elastic policy: {e}");
+            }
+        }
     }
 }
 
@@ -242,13 +321,19 @@ pub async fn start(opts: ManagerOptions) -> Result<RunningManager, ManagerError>
         addr: opts.listen,
         source,
     })?;
+    let mut state = State::new(opts.config, opts.expect_servers, opts.heartbeat_timeout);
+    if let Some(cfg) = opts.policy.clone() {
+        let policy = Policy::new(cfg).map_err(|e| ManagerError::Config(e.to_string()))?;
+        state.set_policy(policy);
+    }
     let shared = Arc::new(Shared {
-        state: Mutex::new(State::new(
-            opts.config,
-            opts.expect_servers,
-            opts.heartbeat_timeout,
-        )),
+        state: Mutex::new(state),
         root_mode: opts.root_mode,
+        provisioner: Mutex::new(
+            opts.provision
+                .clone()
+                .map(|spec| Provisioner::new(spec, rpc_addr, opts.http_token.clone())),
+        ),
     });
     let rpc = Arc::new(RpcConfig::new(
         opts.secret.clone(),
@@ -314,6 +399,8 @@ mod tests {
             },
             heartbeat_timeout: Duration::from_secs(5),
             root_mode: 0o755,
+            provision: None,
+            policy: None,
         };
         let m = start(opts.clone()).await.unwrap();
         let rpc = RpcConfig::new(Secret::new("s3cret"), Arc::new(BufferPool::new(1 << 16, 2)));

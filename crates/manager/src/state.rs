@@ -8,11 +8,14 @@
 //! [`State::sync_done`]; [`complete`] then promotes them, one epoch per completion. `goal` is
 //! the assignment the table converges to.
 
+use crate::history::{History, Sample};
+use crate::policy::{Decision, NodeLoad, Policy};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tessera_placement::{
-    assign, complete, failure_domain, plan, Epoch, NodeId, NodeWeight, PartitionId, PartitionTable,
+    assign, complete, failure_domain, plan, settle, Epoch, NodeId, NodeWeight, PartitionId,
+    PartitionTable,
 };
 use tessera_proto::{
     ClusterConfig, ClusterStatus, ErrorCode, NodeAddr, NodeStats, NodeStatus, TableInfo,
@@ -30,6 +33,19 @@ pub struct Member {
     /// Declared dead: final. Its copies may have missed writes since, so a restarted server
     /// registers again under a new id and receives its share afresh.
     pub dead: bool,
+    /// Being drained (scale-in): it serves what it holds while its copies move to the others;
+    /// once it holds nothing it is retired.
+    pub draining: bool,
+    pub joined: Instant,
+}
+
+/// What a heartbeat learns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Beat {
+    /// The current epoch (the server fetches a newer table).
+    Epoch(Option<Epoch>),
+    /// The server was drained and retired: it may exit.
+    Retired,
 }
 
 #[derive(Debug)]
@@ -46,6 +62,15 @@ pub struct State {
     /// When deaths were last checked (every tick, so at most a fraction of the timeout ago
     /// while the manager runs).
     last_check: Option<Instant>,
+    /// Servers drained and retired (told so at their next heartbeat).
+    retired: BTreeSet<NodeId>,
+    /// Retired servers not yet handed to the provisioner for release.
+    released: Vec<(NodeId, SocketAddr)>,
+    started: Instant,
+    history: History,
+    policy: Option<Policy>,
+    /// Servers the policy asked for: how many members it expects, until when.
+    awaiting: Option<(usize, Instant)>,
 }
 
 impl State {
@@ -60,6 +85,12 @@ impl State {
             table: None,
             goal: Vec::new(),
             last_check: None,
+            retired: BTreeSet::new(),
+            released: Vec::new(),
+            started: Instant::now(),
+            history: History::default(),
+            policy: None,
+            awaiting: None,
         }
     }
 
@@ -140,33 +171,41 @@ impl State {
     fn replan(&mut self, why: &str) -> Option<Epoch> {
         let info = self.table.as_ref()?;
         let alive = self.live_weights();
-        let (goal, replicas, incoming) = match plan(&info.table, &alive, self.config.replication) {
-            Ok(p) => (p.goal, p.replicas, p.incoming),
-            Err(e) => {
-                // Only when no server is left: drop the dead ones, nothing to rebuild onto.
-                warn!("cannot re-plan the partitions ({e}); keeping the surviving copies only");
-                let live: BTreeSet<NodeId> = alive.iter().map(|w| w.node).collect();
-                let keep = |l: &Vec<NodeId>| -> Vec<NodeId> {
-                    l.iter().copied().filter(|n| live.contains(n)).collect()
-                };
-                let replicas: Vec<Vec<NodeId>> = info.table.all().iter().map(keep).collect();
-                let incoming: Vec<Vec<NodeId>> = info
-                    .table
-                    .all_incoming()
-                    .iter()
-                    .zip(&replicas)
-                    .map(|(i, r)| if r.is_empty() { Vec::new() } else { keep(i) })
-                    .collect();
-                let goal = replicas
-                    .iter()
-                    .zip(&incoming)
-                    .map(|(r, i)| r.iter().chain(i).copied().collect())
-                    .collect();
-                (goal, replicas, incoming)
-            }
-        };
+        let draining: Vec<NodeId> = self
+            .members
+            .iter()
+            .filter(|m| m.draining && !m.dead)
+            .map(|m| m.id)
+            .collect();
+        let (goal, replicas, incoming) =
+            match plan(&info.table, &alive, &draining, self.config.replication) {
+                Ok(p) => (p.goal, p.replicas, p.incoming),
+                Err(e) => {
+                    // Only when no server is left: drop the dead ones, nothing to rebuild onto.
+                    warn!("cannot re-plan the partitions ({e}); keeping the surviving copies only");
+                    let live: BTreeSet<NodeId> = alive.iter().map(|w| w.node).collect();
+                    let keep = |l: &Vec<NodeId>| -> Vec<NodeId> {
+                        l.iter().copied().filter(|n| live.contains(n)).collect()
+                    };
+                    let replicas: Vec<Vec<NodeId>> = info.table.all().iter().map(keep).collect();
+                    let incoming: Vec<Vec<NodeId>> = info
+                        .table
+                        .all_incoming()
+                        .iter()
+                        .zip(&replicas)
+                        .map(|(i, r)| if r.is_empty() { Vec::new() } else { keep(i) })
+                        .collect();
+                    let goal = replicas
+                        .iter()
+                        .zip(&incoming)
+                        .map(|(r, i)| r.iter().chain(i).copied().collect())
+                        .collect();
+                    (goal, replicas, incoming)
+                }
+            };
         let epoch = self.publish(replicas, incoming).ok()?;
         self.goal = goal;
+        self.retire_drained();
         if let Some(t) = self.table.as_ref().map(|t| &t.table) {
             info!(
                 epoch,
@@ -250,6 +289,8 @@ impl State {
                 ..NodeStats::default()
             },
             dead: false,
+            draining: false,
+            joined: now,
         });
         if self.table.is_some() {
             info!(node = id, %addr, "server joined a running cluster: it receives its share");
@@ -282,14 +323,18 @@ impl State {
         Ok((id, true))
     }
 
-    /// A server's heartbeat. Returns the current epoch (the server fetches a newer table). A
-    /// server already declared dead is answered `NotFound`: it must restart to rejoin.
+    /// A server's heartbeat. Returns the current epoch (the server fetches a newer table), or
+    /// that it was retired. A server already declared dead is answered `NotFound`: it must
+    /// restart to rejoin.
     pub fn heartbeat(
         &mut self,
         node: NodeId,
         stats: NodeStats,
         now: Instant,
-    ) -> Result<Option<Epoch>, ErrorCode> {
+    ) -> Result<Beat, ErrorCode> {
+        if self.retired.contains(&node) {
+            return Ok(Beat::Retired);
+        }
         // Late is dead, whether or not the periodic tick has noticed yet.
         if self.reap(now) {
             self.replan("servers died");
@@ -301,7 +346,83 @@ impl State {
             .ok_or(ErrorCode::NotFound)?;
         m.last_seen = now;
         m.stats = stats;
-        Ok(self.table.as_ref().map(|t| t.table.epoch()))
+        Ok(Beat::Epoch(self.table.as_ref().map(|t| t.table.epoch())))
+    }
+
+    /// Starts draining `nodes` (scale-in): their partitions get copies on the other servers,
+    /// and each is retired once it holds nothing. Returns the epoch published.
+    pub fn drain(&mut self, nodes: &[NodeId], now: Instant) -> Result<Epoch, ErrorCode> {
+        if self.table.is_none() {
+            return Err(ErrorCode::NotReady("no partition table yet".into()));
+        }
+        for &n in nodes {
+            match self.members.iter().find(|m| m.id == n) {
+                None if self.retired.contains(&n) => {
+                    return Err(ErrorCode::Invalid(format!("node {n} is already retired")))
+                }
+                None => return Err(ErrorCode::Invalid(format!("no node {n} in this cluster"))),
+                Some(m) if !self.alive(m, now) => {
+                    return Err(ErrorCode::Invalid(format!("node {n} is not alive")))
+                }
+                Some(_) => {}
+            }
+        }
+        let staying = self
+            .members
+            .iter()
+            .filter(|m| self.alive(m, now) && !m.draining && !nodes.contains(&m.id))
+            .count();
+        if staying < usize::from(self.config.replication).max(1) {
+            return Err(ErrorCode::Invalid(format!(
+                "removing {} server(s) would leave {staying}, fewer than the replication factor {}",
+                nodes.len(),
+                self.config.replication
+            )));
+        }
+        for m in self.members.iter_mut().filter(|m| nodes.contains(&m.id)) {
+            m.draining = true;
+        }
+        info!(?nodes, "draining servers");
+        self.replan("servers draining")
+            .ok_or_else(|| ErrorCode::Internal("could not re-plan the partitions".into()))
+    }
+
+    /// Retires draining servers that no longer appear in the table.
+    fn retire_drained(&mut self) {
+        let Some(in_table) = self.table.as_ref().map(|t| t.table.nodes()) else {
+            return;
+        };
+        let (done, keep): (Vec<Member>, Vec<Member>) = std::mem::take(&mut self.members)
+            .into_iter()
+            .partition(|m| m.draining && !m.dead && !in_table.contains(&m.id));
+        self.members = keep;
+        for m in done {
+            info!(node = m.id, addr = %m.addr, "server drained: retired");
+            self.retired.insert(m.id);
+            self.released.push((m.id, m.addr));
+        }
+        if let Some(info) = self.table.as_mut() {
+            let members = &self.members;
+            info.nodes.retain(|n| members.iter().any(|m| m.id == n.id));
+        }
+    }
+
+    /// Addresses of the current members.
+    #[must_use]
+    pub fn member_addrs(&self) -> Vec<SocketAddr> {
+        self.members.iter().map(|m| m.addr).collect()
+    }
+
+    /// Servers retired since the last call, for the provisioner to release.
+    pub fn take_released(&mut self) -> Vec<(NodeId, SocketAddr)> {
+        std::mem::take(&mut self.released)
+    }
+
+    /// Live servers that are not draining, with their capacity and use (for the policy).
+    pub fn serving(&self, now: Instant) -> impl Iterator<Item = &Member> {
+        self.members
+            .iter()
+            .filter(move |m| self.alive(m, now) && !m.draining)
     }
 
     /// `node` finished receiving `partition`: it becomes a complete replica (and copies the
@@ -343,19 +464,21 @@ impl State {
                 t.epoch()
             )));
         }
-        let goal = self
-            .goal
-            .get(partition as usize)
-            .map_or(&[][..], Vec::as_slice);
         let (rep, inc) =
-            complete(t, goal, partition, node).map_err(|e| ErrorCode::Invalid(e.to_string()))?;
+            complete(t, partition, node).map_err(|e| ErrorCode::Invalid(e.to_string()))?;
         let mut replicas = t.all().to_vec();
         let mut incoming = t.all_incoming().to_vec();
         let p = partition as usize;
         replicas[p] = rep;
         incoming[p] = inc;
+        // The last copy of the reconfiguration: the copies it replaced go, all at once.
+        let settled = settle(&self.goal, &mut replicas, &incoming);
         let epoch = self.publish(replicas, incoming)?;
         info!(node, partition, epoch, "copy synced: now a replica");
+        if settled {
+            info!(epoch, "reconfiguration complete: replaced copies dropped");
+        }
+        self.retire_drained();
         Ok(epoch)
     }
 
@@ -398,6 +521,7 @@ impl State {
                     addr: m.addr,
                     label: m.label.clone(),
                     alive: self.alive(m, now),
+                    draining: m.draining,
                     since_heartbeat_ms: now.saturating_duration_since(m.last_seen).as_millis()
                         as u64,
                     partitions: count(load.get(&m.id).copied().unwrap_or(0)),
@@ -409,7 +533,71 @@ impl State {
             incoming: count(table.map_or(0, PartitionTable::copies_incoming)),
         }
     }
+
+    /// Memory allocated and used over time, sampled by [`State::elastic`].
+    #[must_use]
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// Turns on the elastic policy.
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = Some(policy);
+    }
+
+    /// Samples memory use into the history and, with a policy, decides whether to grow or
+    /// shrink (the caller provisions or drains). No decision while copies move, servers drain,
+    /// or servers asked for have not joined yet.
+    pub fn elastic(&mut self, now: Instant) -> Decision {
+        let live: Vec<&Member> = self.members.iter().filter(|m| self.alive(m, now)).collect();
+        self.history.record(Sample {
+            t_ms: now.saturating_duration_since(self.started).as_millis() as u64,
+            nodes: u32::try_from(live.len()).unwrap_or(u32::MAX),
+            allocated: live.iter().map(|m| m.capacity).sum(),
+            used: live.iter().map(|m| m.stats.used).sum(),
+        });
+        let Some(policy) = self.policy.as_mut() else {
+            return Decision::None;
+        };
+        if self.table.is_none() {
+            return Decision::None;
+        }
+        let loads: Vec<NodeLoad> = live
+            .iter()
+            .map(|m| NodeLoad {
+                node: m.id,
+                capacity: m.capacity,
+                used: m.stats.used,
+                draining: m.draining,
+                removable: true,
+                joined_at: m.joined,
+            })
+            .collect();
+        let waiting = self
+            .awaiting
+            .is_some_and(|(want, until)| live.len() < want && now < until);
+        let moving = self
+            .table
+            .as_ref()
+            .is_some_and(|t| t.table.copies_incoming() > 0);
+        let draining = live.iter().any(|m| m.draining);
+        let d = policy.decide(now, &loads, waiting || moving || draining);
+        match &d {
+            Decision::Add(n) => {
+                self.awaiting = Some((live.len() + *n as usize, now + PROVISION_PATIENCE));
+                info!(usage = ?Policy::usage(&loads), "elastic policy: adding {n} server(s)");
+            }
+            Decision::Remove(ids) => {
+                info!(usage = ?Policy::usage(&loads), ?ids, "elastic policy: removing servers");
+            }
+            Decision::None => {}
+        }
+        d
+    }
 }
+
+/// How long the policy waits for servers it asked for before it may ask again.
+const PROVISION_PATIENCE: Duration = Duration::from_secs(60);
 
 #[cfg(test)]
 mod tests {
@@ -467,9 +655,15 @@ mod tests {
         assert_eq!(s.register(addr(2), 1 << 30, None, now), Ok((1, false)));
         assert!(matches!(s.table_info(), Err(ErrorCode::NotReady(_))));
         assert_eq!(s.register(addr(3), 1 << 30, None, now), Ok((2, false)));
-        assert_eq!(s.heartbeat(1, NodeStats::default(), now), Ok(None));
+        assert_eq!(
+            s.heartbeat(1, NodeStats::default(), now),
+            Ok(Beat::Epoch(None))
+        );
         assert_eq!(s.register(addr(4), 2 << 30, None, now), Ok((3, true)));
-        assert_eq!(s.heartbeat(1, NodeStats::default(), now), Ok(Some(1)));
+        assert_eq!(
+            s.heartbeat(1, NodeStats::default(), now),
+            Ok(Beat::Epoch(Some(1)))
+        );
         // Proportional to capacity: node 3 has twice the memory.
         let load = table(&s).load();
         assert_eq!((load[&1], load[&2], load[&3]), (16, 16, 32));
@@ -594,11 +788,58 @@ mod tests {
         assert_eq!(s.goal()[p as usize], vec![3]);
         assert_eq!(s.sync_done(3, p, t.epoch(), t0), Ok(3));
         let u = table(&s);
-        // The goal copy is complete: the old holder lets go of it, only p changed.
-        assert_eq!((u.replicas(p), u.incoming(p)), (&[3][..], &[][..]));
-        assert_ne!(old, vec![3]);
+        // Complete, but the old holder keeps its copy (and gets the writes) until the whole
+        // reconfiguration is done; only p changed.
+        let mut both = old.clone();
+        both.push(3);
+        assert_eq!((u.replicas(p), u.incoming(p)), (&both[..], &[][..]));
         assert_eq!(u.changed(p), 3);
         assert!((0..64).filter(|&q| q != p).all(|q| u.changed(q) <= 2));
+        while let Some(q) = (0..64).find(|&q| table(&s).receives(3, q)) {
+            let e = table(&s).epoch();
+            s.sync_done(3, q, e, t0).unwrap();
+        }
+        // The last copy done: every replaced copy goes at once.
+        let u = table(&s);
+        assert_eq!((u.replicas(p), u.incoming(p)), (&[3][..], &[][..]));
+        assert!(u.all().iter().all(|l| l.len() == 1));
+        assert_ne!(old, vec![3]);
+    }
+
+    #[test]
+    fn a_drained_server_is_retired_once_its_copies_moved() {
+        let t0 = Instant::now();
+        let mut s = cluster(3, 1, t0);
+        // Refused: unknown node, and draining below the replication factor.
+        assert!(matches!(s.drain(&[9], t0), Err(ErrorCode::Invalid(_))));
+        let mut r3 = cluster(3, 3, t0);
+        assert!(matches!(r3.drain(&[1], t0), Err(ErrorCode::Invalid(_))));
+        s.drain(&[2], t0).unwrap();
+        assert!(s.status(t0).nodes.iter().any(|n| n.id == 2 && n.draining));
+        // Node 2 keeps serving while its partitions are copied to 1 and 3.
+        loop {
+            let t = table(&s).clone();
+            let Some(p) = (0..64).find(|&p| !t.incoming(p).is_empty()) else {
+                break;
+            };
+            assert!(t.holds(2, p));
+            let to = t.incoming(p)[0];
+            assert_ne!(to, 2);
+            s.sync_done(to, p, t.epoch(), t0).unwrap();
+        }
+        let t = table(&s);
+        assert!(!t.nodes().contains(&2));
+        assert!(t.all().iter().all(|l| l.len() == 1));
+        assert!(!t.nodes().is_empty() && table_addrs(&s).iter().all(|&n| n != 2));
+        assert_eq!(s.take_released().len(), 1);
+        assert_eq!(s.heartbeat(2, NodeStats::default(), t0), Ok(Beat::Retired));
+        assert!(matches!(s.drain(&[2], t0), Err(ErrorCode::Invalid(_))));
+    }
+
+    fn table_addrs(s: &State) -> Vec<NodeId> {
+        s.table()
+            .map(|t| t.nodes.iter().map(|n| n.id).collect())
+            .unwrap_or_default()
     }
 
     #[test]

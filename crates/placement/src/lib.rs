@@ -15,7 +15,7 @@ mod stripe;
 mod table;
 
 pub use assign::{assign, capacity_shares, AssignError, NodeWeight};
-pub use reconfig::{complete, plan, CompleteError, Plan};
+pub use reconfig::{complete, plan, settle, CompleteError, Plan};
 pub use stripe::{segments, Segment};
 pub use table::{PartitionTable, TableError};
 

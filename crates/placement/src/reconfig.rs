@@ -4,8 +4,10 @@
 //! A copy only counts as complete once it has been synced, so a change never makes a node a
 //! replica directly: a node that joins, or that takes over a lost copy, first appears in the
 //! partition's incoming list, and [`complete`] promotes it when its sync is done. Copies the new
-//! goal no longer wants keep serving until the goal's copies are all complete; then they are
-//! dropped. Dead nodes vanish at once; a partition left with no complete copy is lost.
+//! goal no longer wants stay replicas (clients keep writing to them) until every copy of the
+//! whole reconfiguration is complete; then [`settle`] drops them all at once. So a target that
+//! dies mid-migration loses nothing, even without mirrors: the old copies are still current.
+//! Dead nodes vanish at once; a partition left with no complete copy is lost.
 
 use crate::{assign, AssignError, NodeId, NodeWeight, PartitionId, PartitionTable};
 use std::collections::BTreeSet;
@@ -20,13 +22,22 @@ pub struct Plan {
 }
 
 /// Plans the next lists for `prev` when the live nodes are `alive` (a node missing from it is
-/// dead or removed). Moves as few copies as the capacity-proportional assignment allows.
+/// dead). Nodes in `draining` keep serving what they hold but get nothing in the goal: their
+/// copies move to the others, and once those are complete they hold nothing (scale-in). Moves
+/// as few copies as the capacity-proportional assignment allows.
 pub fn plan(
     prev: &PartitionTable,
     alive: &[NodeWeight],
+    draining: &[NodeId],
     replication: u8,
 ) -> Result<Plan, AssignError> {
     let live: BTreeSet<NodeId> = alive.iter().map(|w| w.node).collect();
+    let alive: Vec<NodeWeight> = alive
+        .iter()
+        .copied()
+        .filter(|w| !draining.contains(&w.node))
+        .collect();
+    let alive = alive.as_slice();
     let keep =
         |l: &[NodeId]| -> Vec<NodeId> { l.iter().copied().filter(|n| live.contains(n)).collect() };
     let replicas: Vec<Vec<NodeId>> = prev.all().iter().map(|l| keep(l)).collect();
@@ -53,9 +64,10 @@ pub fn plan(
             .copied()
             .filter(|n| !rep.contains(n))
             .collect();
-        out.push(settle(rep, &inc, &goal[p]));
+        out.push(rep);
         incoming.push(inc);
     }
+    settle(&goal, &mut out, &incoming);
     Ok(Plan {
         goal,
         replicas: out,
@@ -63,13 +75,24 @@ pub fn plan(
     })
 }
 
-/// Once nothing is incoming, copies outside the goal are dropped (keeping the order, so the
-/// primary stays unless it is the one dropped).
-fn settle(replicas: Vec<NodeId>, incoming: &[NodeId], goal: &[NodeId]) -> Vec<NodeId> {
-    if !incoming.is_empty() || !goal.iter().all(|n| replicas.contains(n)) {
-        return replicas;
+/// Once no copy is incoming anywhere, drops the copies outside the goal (keeping the order, so
+/// a primary stays unless it is the one dropped). Returns whether anything was dropped.
+pub fn settle(
+    goal: &[Vec<NodeId>],
+    replicas: &mut [Vec<NodeId>],
+    incoming: &[Vec<NodeId>],
+) -> bool {
+    if incoming.iter().any(|i| !i.is_empty()) {
+        return false;
     }
-    replicas.into_iter().filter(|n| goal.contains(n)).collect()
+    let mut dropped = false;
+    for (rep, goal) in replicas.iter_mut().zip(goal) {
+        if goal.iter().all(|n| rep.contains(n)) && rep.len() > goal.len() {
+            rep.retain(|n| goal.contains(n));
+            dropped = true;
+        }
+    }
+    dropped
 }
 
 /// Why a finished sync could not be taken into the table.
@@ -82,11 +105,11 @@ pub enum CompleteError {
     },
 }
 
-/// `node` finished receiving partition `p`: it becomes a complete replica, and copies the goal
-/// no longer wants are dropped once every goal copy is complete. Returns the new lists of `p`.
+/// `node` finished receiving partition `p`: it becomes a complete replica (the copies it
+/// replaces are dropped by [`settle`] when the whole reconfiguration is done). Returns the new
+/// lists of `p`.
 pub fn complete(
     table: &PartitionTable,
-    goal: &[NodeId],
     p: PartitionId,
     node: NodeId,
 ) -> Result<(Vec<NodeId>, Vec<NodeId>), CompleteError> {
@@ -101,7 +124,7 @@ pub fn complete(
         .copied()
         .filter(|&n| n != node)
         .collect();
-    Ok((settle(replicas, &incoming, goal), incoming))
+    Ok((replicas, incoming))
 }
 
 #[cfg(test)]
@@ -122,15 +145,20 @@ mod tests {
 
     /// Applies a plan, then completes every incoming copy: the table a reconfiguration ends at.
     fn converge(prev: &PartitionTable, alive: &[NodeWeight], r: u8) -> PartitionTable {
-        let plan = plan(prev, alive, r).unwrap();
+        let plan = plan(prev, alive, &[], r).unwrap();
         let mut t = prev.next(plan.replicas, plan.incoming).unwrap();
         while let Some(p) = (0..t.partitions()).find(|&p| !t.incoming(p).is_empty()) {
             let node = t.incoming(p)[0];
-            let (rep, inc) = complete(&t, &plan.goal[p as usize], p, node).unwrap();
+            let (rep, inc) = complete(&t, p, node).unwrap();
             let mut all = t.all().to_vec();
             let mut all_inc = t.all_incoming().to_vec();
             all[p as usize] = rep;
             all_inc[p as usize] = inc;
+            // Until the last copy is done, the copies being replaced stay replicas.
+            let last = all_inc.iter().all(Vec::is_empty);
+            let before = all.clone();
+            let dropped = settle(&plan.goal, &mut all, &all_inc);
+            assert!(last || (!dropped && all == before));
             t = t.next(all, all_inc).unwrap();
         }
         t
@@ -139,7 +167,7 @@ mod tests {
     #[test]
     fn a_dead_node_is_replaced_from_the_survivors() {
         let t = PartitionTable::new(1, assign(None, &equal(1..=4), 64, 2).unwrap()).unwrap();
-        let plan = plan(&t, &equal([1, 2, 4]), 2).unwrap();
+        let plan = plan(&t, &equal([1, 2, 4]), &[], 2).unwrap();
         for p in 0..64 {
             let (rep, inc) = (&plan.replicas[p], &plan.incoming[p]);
             assert!(!rep.contains(&3) && !inc.contains(&3));
@@ -162,7 +190,7 @@ mod tests {
     #[test]
     fn single_copies_on_a_dead_node_are_lost() {
         let t = PartitionTable::new(1, assign(None, &equal(1..=2), 16, 1).unwrap()).unwrap();
-        let plan = plan(&t, &equal([1]), 1).unwrap();
+        let plan = plan(&t, &equal([1]), &[], 1).unwrap();
         let u = t.next(plan.replicas, plan.incoming).unwrap();
         let lost: Vec<_> = u.lost().collect();
         assert_eq!(lost.len(), t.load()[&2]);
@@ -173,12 +201,36 @@ mod tests {
     fn completing_a_copy_that_is_not_incoming_is_refused() {
         let t = PartitionTable::new(1, vec![vec![1], vec![2]]).unwrap();
         assert_eq!(
-            complete(&t, &[1], 0, 2),
+            complete(&t, 0, 2),
             Err(CompleteError::NotIncoming {
                 node: 2,
                 partition: 0
             })
         );
+    }
+
+    #[test]
+    fn a_draining_node_keeps_serving_until_its_copies_moved() {
+        let t = PartitionTable::new(1, assign(None, &equal(1..=3), 32, 1).unwrap()).unwrap();
+        let plan = plan(&t, &equal(1..=3), &[2], 1).unwrap();
+        for p in 0..32u32 {
+            // Node 2 stays a replica where it was one, with a copy incoming elsewhere.
+            assert_eq!(plan.replicas[p as usize], t.replicas(p));
+            assert!(!plan.goal[p as usize].contains(&2));
+            assert_eq!(plan.incoming[p as usize].is_empty(), !t.holds(2, p));
+        }
+        // Once the copies are done node 2 holds nothing.
+        let mut u = t.next(plan.replicas, plan.incoming).unwrap();
+        while let Some(p) = (0..u.partitions()).find(|&p| !u.incoming(p).is_empty()) {
+            let (rep, inc) = complete(&u, p, u.incoming(p)[0]).unwrap();
+            let (mut all, mut all_inc) = (u.all().to_vec(), u.all_incoming().to_vec());
+            all[p as usize] = rep;
+            all_inc[p as usize] = inc;
+            settle(&plan.goal, &mut all, &all_inc);
+            u = u.next(all, all_inc).unwrap();
+        }
+        assert!(!u.nodes().contains(&2));
+        assert!(u.all().iter().all(|l| l.len() == 1));
     }
 
     proptest! {

@@ -305,6 +305,13 @@ pub enum Request {
         partition: PartitionId,
         epoch: Epoch,
     },
+    /// Grow or shrink the cluster (to the manager): start `add` servers through the manager's
+    /// provisioner, and drain the servers `remove` (their partitions move to the others, then
+    /// they are retired). Reply: `Ok` once decided; the moves run in the background.
+    Scale {
+        add: u32,
+        remove: Vec<NodeId>,
+    },
     /// A storage server joins. Reply: `Registered`.
     Register {
         addr: SocketAddr,
@@ -349,6 +356,8 @@ pub enum Response {
     HeartbeatAck {
         epoch: Option<Epoch>,
     },
+    /// To a drained server's heartbeat: it holds nothing any more and may exit.
+    Retired,
     Table(TableInfo),
     Status(ClusterStatus),
     Error(ErrorCode),
@@ -451,6 +460,8 @@ pub struct NodeStatus {
     pub addr: SocketAddr,
     pub label: Option<String>,
     pub alive: bool,
+    /// Being drained: its partitions are moving to the others, then it is retired.
+    pub draining: bool,
     pub since_heartbeat_ms: u64,
     /// Partition copies this node holds in the current table.
     pub partitions: u32,

@@ -96,9 +96,9 @@ impl RunningServer {
     pub fn node(&self) -> NodeId {
         self.node
     }
-    /// Runs until the server's tasks end (they do not, short of a panic).
+    /// Runs until the server stops: retired by the manager after a drain (or a task failed).
     pub async fn wait(mut self) {
-        while self.tasks.join_next().await.is_some() {}
+        self.tasks.join_next().await;
     }
 }
 
@@ -217,6 +217,10 @@ async fn heartbeat(
         };
         let epoch = match c.call(&hb, bytes::Bytes::new()).await {
             Ok((Response::HeartbeatAck { epoch }, _)) => epoch,
+            Ok((Response::Retired, _)) => {
+                info!("drained and retired by the manager: exiting");
+                return;
+            }
             Ok((Response::Error(ErrorCode::NotFound), _)) => {
                 warn!("the manager no longer knows this node; it must be restarted to rejoin");
                 continue;

@@ -175,6 +175,36 @@ impl Cluster {
         s.spawn().context("starting a server")
     }
 
+    /// Starts one more server (index `servers.len()`, on the next loopback address); returns
+    /// its index.
+    pub fn add_server(&mut self) -> Result<usize> {
+        let i = self.servers.len();
+        let s = self.spawn_server(i)?;
+        self.servers.push(s);
+        Ok(i)
+    }
+
+    /// Runs `tessera ARGS` against this cluster and returns its standard output; a failure is
+    /// an error carrying its standard error.
+    pub fn tessera(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new(bin("tessera")?)
+            .args(args)
+            .env("TESSERA_MANAGER", self.manager.to_string())
+            .env("TESSERA_SECRET", &self.secret)
+            .stdin(Stdio::null())
+            .output()
+            .context("running tessera")?;
+        if !out.status.success() {
+            bail!(
+                "tessera {} failed ({}): {}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// Starts server `i` again after it was killed (a new process, with empty memory: it
     /// joins as a new node).
     pub fn restart_server(&mut self, i: usize) -> Result<()> {
