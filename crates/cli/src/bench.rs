@@ -30,6 +30,10 @@ pub struct BenchArgs {
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Instead: stream 1 MiB reads and writes of --size files for this long, timing every
+    /// request (the per-second timeline goes to --json).
+    #[arg(long, value_parser = crate::parse_duration)]
+    pub stream: Option<Duration>,
 }
 
 #[derive(Debug, Serialize)]
@@ -104,6 +108,12 @@ pub async fn run(client: Client, args: BenchArgs) -> Result<()> {
         .create_dir(&dir)
         .await
         .with_context(|| format!("creating {dir}"))?;
+    if let Some(length) = args.stream {
+        let result = crate::stream::run(&client, &dir, size, length, args.json.as_deref()).await;
+        let cleaned = client.remove_all(&dir).await;
+        result?;
+        return cleaned.with_context(|| format!("removing {dir}"));
+    }
     let result = measure(&client, &args, &dir, size, block).await;
     // Leave nothing behind, whatever happened.
     let cleaned = client.remove_all(&dir).await;

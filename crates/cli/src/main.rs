@@ -7,6 +7,7 @@ mod mount;
 mod report;
 mod scale;
 mod status;
+mod stream;
 mod up;
 
 use anyhow::{Context, Result};
@@ -214,7 +215,7 @@ impl ElasticArgs {
 pub const DEFAULT_DEAD_AFTER: Duration = Duration::from_secs(2);
 
 /// A duration such as `2s`, `1.5s`, `500ms` or `1m`; a bare number is seconds.
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
