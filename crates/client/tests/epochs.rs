@@ -12,6 +12,10 @@ use tessera_proto::{
     Request, Response, RpcClient, RpcConfig, Secret, TableInfo,
 };
 
+mod support;
+
+use support::FakeManager;
+
 const SECRET: &str = "epochs";
 const CONFIG: ClusterConfig = ClusterConfig {
     partitions: 64,
@@ -19,79 +23,8 @@ const CONFIG: ClusterConfig = ClusterConfig {
     replication: 1,
 };
 
-/// A manager reduced to what the test needs: members, and a table it can re-publish.
-#[derive(Default)]
-struct FakeManager {
-    members: Mutex<Vec<NodeAddr>>,
-    table: Mutex<Option<TableInfo>>,
-    /// Tables handed out since the last publish.
-    fetched: Mutex<u32>,
-}
-
-impl FakeManager {
-    fn publish(&self, epoch: u64) {
-        let nodes = self.members.lock().unwrap().clone();
-        let weights: Vec<_> = nodes
-            .iter()
-            .map(|n| NodeWeight {
-                node: n.id,
-                capacity: 1,
-                domain: None,
-            })
-            .collect();
-        let replicas = assign(None, &weights, CONFIG.partitions, 1).unwrap();
-        let table = PartitionTable::new(epoch, replicas).unwrap();
-        *self.table.lock().unwrap() = Some(TableInfo {
-            config: CONFIG,
-            table,
-            nodes,
-        });
-        *self.fetched.lock().unwrap() = 0;
-    }
-
-    /// Publishes `epoch` and waits until both servers (and nobody else yet) fetched it.
-    async fn advance(&self, epoch: u64) {
-        self.publish(epoch);
-        for _ in 0..400 {
-            if *self.fetched.lock().unwrap() >= 2 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("the servers did not fetch epoch {epoch}");
-    }
-}
-
-impl Handler for FakeManager {
-    fn handle(&self, req: Request, _: Bytes) -> Reply {
-        let resp = match req {
-            Request::Register { addr, .. } => {
-                let mut m = self.members.lock().unwrap();
-                let id = m.len() as u32 + 1;
-                m.push(NodeAddr { id, addr });
-                Response::Registered {
-                    node: id,
-                    config: CONFIG,
-                }
-            }
-            Request::Heartbeat { .. } => Response::HeartbeatAck {
-                epoch: self.table.lock().unwrap().as_ref().map(|t| t.table.epoch()),
-            },
-            Request::GetTable => match self.table.lock().unwrap().clone() {
-                Some(t) => {
-                    *self.fetched.lock().unwrap() += 1;
-                    Response::Table(t)
-                }
-                None => Response::Error(ErrorCode::NotReady("no table".into())),
-            },
-            _ => Response::Error(ErrorCode::Invalid("not in this test".into())),
-        };
-        Reply::Now(resp, Bytes::new())
-    }
-}
-
 fn rpc() -> RpcConfig {
-    RpcConfig::new(Secret::new(SECRET), Arc::new(BufferPool::new(1 << 20, 8)))
+    support::rpc(SECRET)
 }
 
 /// Creates the root directory, as the real manager does.
@@ -117,7 +50,7 @@ async fn create_root(info: &TableInfo) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_follows_a_new_epoch_without_errors() {
-    let manager = Arc::new(FakeManager::default());
+    let manager = Arc::new(FakeManager::new(CONFIG));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let maddr: SocketAddr = listener.local_addr().unwrap();
     tokio::spawn(serve(listener, Arc::new(rpc()), manager.clone()));
@@ -129,7 +62,7 @@ async fn client_follows_a_new_epoch_without_errors() {
         opts.heartbeat = Duration::from_millis(100);
         servers.push(tessera_server::start(opts).await.unwrap());
     }
-    manager.publish(1);
+    manager.publish_assigned(1);
     let first = manager.table.lock().unwrap().clone().unwrap();
     create_root(&first).await;
 
@@ -142,7 +75,8 @@ async fn client_follows_a_new_epoch_without_errors() {
 
     // A new epoch: the servers learn it from their heartbeats, the client only from a server
     // telling it that its table is stale.
-    manager.advance(2).await;
+    manager.publish_assigned(2);
+    manager.fetched_by(2).await;
     assert_eq!(
         client.read("/before").await.unwrap(),
         data,
@@ -151,7 +85,8 @@ async fn client_follows_a_new_epoch_without_errors() {
     assert_eq!(client.epoch(), 2, "the client refreshed its table");
     let mut f = client.open("/after", &OpenOptions::create()).await.unwrap();
     f.write_at(0, &data).await.unwrap();
-    manager.advance(3).await;
+    manager.publish_assigned(3);
+    manager.fetched_by(2).await;
     f.write_at(data.len() as u64, b"tail").await.unwrap();
     f.close().await.unwrap();
     let mut want = data.clone();

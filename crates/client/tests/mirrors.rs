@@ -17,6 +17,10 @@ use tessera_proto::{
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
+mod support;
+
+use support::FakeManager;
+
 const SECRET: &str = "mirrors";
 const MIB: usize = 1 << 20;
 
@@ -25,105 +29,6 @@ fn config(replication: u8) -> ClusterConfig {
         partitions: 64,
         stripe_size: MIB as u32,
         replication,
-    }
-}
-
-/// A manager reduced to what the tests need: members, and tables the test publishes.
-struct FakeManager {
-    config: ClusterConfig,
-    members: Mutex<Vec<NodeAddr>>,
-    table: Mutex<Option<TableInfo>>,
-    /// Tables handed out since the last publish.
-    fetched: Mutex<u32>,
-}
-
-impl FakeManager {
-    fn new(config: ClusterConfig) -> Self {
-        Self {
-            config,
-            members: Mutex::default(),
-            table: Mutex::default(),
-            fetched: Mutex::default(),
-        }
-    }
-
-    fn table(&self) -> TableInfo {
-        self.table.lock().unwrap().clone().unwrap()
-    }
-
-    /// The first table: every member, `config.replication` copies of each partition.
-    fn publish_first(&self) -> TableInfo {
-        let nodes = self.members.lock().unwrap().clone();
-        let weights: Vec<_> = nodes
-            .iter()
-            .map(|n| NodeWeight {
-                node: n.id,
-                capacity: 1,
-                domain: None,
-            })
-            .collect();
-        let replicas = assign(
-            None,
-            &weights,
-            self.config.partitions,
-            self.config.replication,
-        )
-        .unwrap();
-        let info = TableInfo {
-            config: self.config,
-            table: PartitionTable::new(1, replicas).unwrap(),
-            nodes,
-        };
-        *self.table.lock().unwrap() = Some(info.clone());
-        info
-    }
-
-    /// The next epoch with these replica lists (nothing incoming).
-    fn publish_next(&self, replicas: Vec<Vec<NodeId>>) {
-        let mut guard = self.table.lock().unwrap();
-        let info = guard.as_mut().unwrap();
-        let incoming = vec![Vec::new(); replicas.len()];
-        info.table = info.table.next(replicas, incoming).unwrap();
-        *self.fetched.lock().unwrap() = 0;
-    }
-
-    /// Waits until `servers` fetched the last table published.
-    async fn fetched_by(&self, servers: u32) {
-        for _ in 0..400 {
-            if *self.fetched.lock().unwrap() >= servers {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("the servers did not fetch the new table");
-    }
-}
-
-impl Handler for FakeManager {
-    fn handle(&self, req: Request, _: Bytes) -> Reply {
-        let resp = match req {
-            Request::Register { addr, .. } => {
-                let mut m = self.members.lock().unwrap();
-                let id = m.len() as u32 + 1;
-                m.push(NodeAddr { id, addr });
-                Response::Registered {
-                    node: id,
-                    config: self.config,
-                }
-            }
-            Request::Heartbeat { .. } => Response::HeartbeatAck {
-                epoch: self.table.lock().unwrap().as_ref().map(|t| t.table.epoch()),
-            },
-            Request::GetTable => match self.table.lock().unwrap().clone() {
-                Some(t) => {
-                    *self.fetched.lock().unwrap() += 1;
-                    Response::Table(t)
-                }
-                None => Response::Error(ErrorCode::NotReady("no table".into())),
-            },
-            _ => Response::Error(ErrorCode::Invalid("not in this test".into())),
-        };
-        Reply::Now(resp, Bytes::new())
     }
 }
 
@@ -169,7 +74,7 @@ impl Proxy {
 }
 
 fn rpc() -> RpcConfig {
-    RpcConfig::new(Secret::new(SECRET), Arc::new(BufferPool::new(MIB, 8)))
+    support::rpc(SECRET)
 }
 
 struct Cluster {
@@ -204,7 +109,7 @@ impl Cluster {
             proxies.push(proxy);
             servers.push(server);
         }
-        let first = manager.publish_first();
+        let first = manager.publish_assigned(1);
         create_root(&first).await;
         Self {
             manager,

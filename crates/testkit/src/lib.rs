@@ -390,6 +390,23 @@ impl Worker {
     }
 }
 
+/// Reads each `(path, len, seed)` back through `w` and checks it against its pattern.
+pub fn verify_files(w: &mut Worker, files: &[(String, u64, u64)]) -> Result<()> {
+    for (path, len, seed) in files {
+        let v = w.ok(&json!({"cmd": "read_file", "path": path}))?;
+        anyhow::ensure!(
+            v["len"] == *len,
+            "{path}: length {} instead of {len}",
+            v["len"]
+        );
+        anyhow::ensure!(
+            v["hash"] == digest(&pattern(*seed, 0, *len as usize)),
+            "{path}: the bytes read back differ from those written"
+        );
+    }
+    Ok(())
+}
+
 impl Drop for Worker {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
-use tessera_testkit::{digest, pattern, Cluster, ClusterSpec, Worker};
+use tessera_testkit::{digest, pattern, verify_files, Cluster, ClusterSpec, Worker};
 
 const MIB: u64 = 1 << 20;
 
@@ -69,20 +69,8 @@ fn load(cluster: &Cluster, id: u64, stop: &AtomicBool, files: &Files) -> Result<
 }
 
 fn verify(w: &mut Worker, files: &Files) -> Result<()> {
-    for (path, len, seed) in files
-        .lock()
-        .map_err(|_| anyhow::anyhow!("poisoned"))?
-        .iter()
-    {
-        let v = w.ok(&json!({"cmd": "read_file", "path": path}))?;
-        assert_eq!(v["len"], *len, "{path}");
-        assert_eq!(
-            v["hash"],
-            digest(&pattern(*seed, 0, *len as usize)),
-            "{path}"
-        );
-    }
-    Ok(())
+    let files = files.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+    verify_files(w, &files)
 }
 
 fn live(st: &Value) -> Vec<u64> {

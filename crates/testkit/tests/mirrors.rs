@@ -7,7 +7,7 @@ use anyhow::Result;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use tessera_testkit::{digest, pattern, Cluster, ClusterSpec, Worker};
+use tessera_testkit::{digest, pattern, verify_files, Cluster, ClusterSpec, Worker};
 
 const MIB: u64 = 1 << 20;
 const EIO: i32 = 5;
@@ -27,20 +27,6 @@ fn write(w: &mut Worker, path: &str, len: u64, seed: u64) -> Result<()> {
     w.ok(
         &json!({"cmd": "write_file", "path": path, "len": len, "seed": seed, "chunk": 256 << 10}),
     )?;
-    Ok(())
-}
-
-/// Reads every file back and compares it with its pattern.
-fn verify(w: &mut Worker, files: &[(String, u64, u64)]) -> Result<()> {
-    for (path, len, seed) in files {
-        let v = w.ok(&json!({"cmd": "read_file", "path": path}))?;
-        assert_eq!(v["len"], *len, "{path}");
-        assert_eq!(
-            v["hash"],
-            digest(&pattern(*seed, 0, *len as usize)),
-            "{path}"
-        );
-    }
     Ok(())
 }
 
@@ -88,7 +74,7 @@ fn a_server_killed_during_writes_loses_nothing_and_is_rebuilt() -> Result<()> {
     assert!(files.len() > 25, "the kill came after the writes ended");
     cluster.kill_server(1)?; // reaps the process
     let mut reader = cluster.worker()?;
-    verify(&mut reader, &files)?;
+    verify_files(&mut reader, &files)?;
 
     // The lost copies are rebuilt on the survivors: back to two complete copies of everything.
     let st = Cluster::wait_status(&mut watch, Duration::from_secs(90), |st| {
@@ -100,7 +86,7 @@ fn a_server_killed_during_writes_loses_nothing_and_is_rebuilt() -> Result<()> {
     Cluster::wait_status(&mut watch, Duration::from_secs(30), |st| {
         alive(st) == 2 && st["epoch"].as_u64() > Some(epoch)
     })?;
-    verify(&mut reader, &files)?;
+    verify_files(&mut reader, &files)?;
 
     // A restarted server rejoins as a new node and takes its share back.
     cluster.restart_server(1)?;
@@ -117,7 +103,7 @@ fn a_server_killed_during_writes_loses_nothing_and_is_rebuilt() -> Result<()> {
         .cloned()
         .unwrap_or_default();
     assert!(fresh["partitions"].as_u64().unwrap_or(0) > 0, "{st}");
-    verify(&mut reader, &files)?;
+    verify_files(&mut reader, &files)?;
     Ok(())
 }
 
@@ -139,7 +125,7 @@ fn a_server_killed_during_reads_is_failed_over() -> Result<()> {
             let mut passes = 0;
             while passes_after < 2 {
                 let was_killed = killed.load(Ordering::SeqCst);
-                verify(&mut r, &files)?;
+                verify_files(&mut r, &files)?;
                 passes += 1;
                 if was_killed {
                     passes_after += 1;
@@ -159,7 +145,7 @@ fn a_server_killed_during_reads_is_failed_over() -> Result<()> {
     Cluster::wait_status(&mut watch, Duration::from_secs(90), |st| {
         alive(st) == 3 && settled(st)
     })?;
-    verify(&mut w, &files)?;
+    verify_files(&mut w, &files)?;
     Ok(())
 }
 
@@ -213,7 +199,7 @@ fn reads_move_away_from_a_slow_replica() -> Result<()> {
     write(&mut w, "/big", 48 * MIB, 9)?;
     let before = Cluster::wait_status(&mut watch, Duration::from_secs(5), |_| true)?;
     for _ in 0..2 {
-        verify(&mut w, &[("/big".into(), 48 * MIB, 9)])?;
+        verify_files(&mut w, &[("/big".into(), 48 * MIB, 9)])?;
     }
     // Heartbeats carry the counters every 500 ms.
     std::thread::sleep(Duration::from_millis(1200));

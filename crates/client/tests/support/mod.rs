@@ -1,0 +1,115 @@
+//! Test support shared by the client's integration tests: a manager reduced to a script.
+#![allow(dead_code)] // each test file uses part of it
+
+use bytes::Bytes;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tessera_placement::{assign, NodeId, NodeWeight, PartitionTable};
+use tessera_proto::{
+    BufferPool, ClusterConfig, ErrorCode, Handler, NodeAddr, Reply, Request, Response, RpcConfig,
+    Secret, TableInfo,
+};
+
+pub fn rpc(secret: &str) -> RpcConfig {
+    RpcConfig::new(Secret::new(secret), Arc::new(BufferPool::new(1 << 20, 8)))
+}
+
+/// A manager reduced to what the tests need: members, and tables the test publishes.
+pub struct FakeManager {
+    pub config: ClusterConfig,
+    members: Mutex<Vec<NodeAddr>>,
+    table: Mutex<Option<TableInfo>>,
+    /// Tables handed out since the last publish.
+    fetched: Mutex<u32>,
+}
+
+impl FakeManager {
+    pub fn new(config: ClusterConfig) -> Self {
+        Self {
+            config,
+            members: Mutex::default(),
+            table: Mutex::default(),
+            fetched: Mutex::default(),
+        }
+    }
+
+    pub fn table(&self) -> TableInfo {
+        self.table.lock().unwrap().clone().unwrap()
+    }
+
+    /// A table at `epoch` over every member, `config.replication` copies of each partition.
+    pub fn publish_assigned(&self, epoch: u64) -> TableInfo {
+        let nodes = self.members.lock().unwrap().clone();
+        let weights: Vec<_> = nodes
+            .iter()
+            .map(|n| NodeWeight {
+                node: n.id,
+                capacity: 1,
+                domain: None,
+            })
+            .collect();
+        let replicas = assign(
+            None,
+            &weights,
+            self.config.partitions,
+            self.config.replication,
+        )
+        .unwrap();
+        let info = TableInfo {
+            config: self.config,
+            table: PartitionTable::new(epoch, replicas).unwrap(),
+            nodes,
+        };
+        *self.table.lock().unwrap() = Some(info.clone());
+        *self.fetched.lock().unwrap() = 0;
+        info
+    }
+
+    /// The next epoch with these replica lists (nothing incoming).
+    pub fn publish_next(&self, replicas: Vec<Vec<NodeId>>) {
+        let mut guard = self.table.lock().unwrap();
+        let info = guard.as_mut().unwrap();
+        let incoming = vec![Vec::new(); replicas.len()];
+        info.table = info.table.next(replicas, incoming).unwrap();
+        *self.fetched.lock().unwrap() = 0;
+    }
+
+    /// Waits until `servers` fetched the last table published.
+    pub async fn fetched_by(&self, servers: u32) {
+        for _ in 0..400 {
+            if *self.fetched.lock().unwrap() >= servers {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("the servers did not fetch the new table");
+    }
+}
+
+impl Handler for FakeManager {
+    fn handle(&self, req: Request, _: Bytes) -> Reply {
+        let resp = match req {
+            Request::Register { addr, .. } => {
+                let mut m = self.members.lock().unwrap();
+                let id = m.len() as u32 + 1;
+                m.push(NodeAddr { id, addr });
+                Response::Registered {
+                    node: id,
+                    config: self.config,
+                }
+            }
+            Request::Heartbeat { .. } => Response::HeartbeatAck {
+                epoch: self.table.lock().unwrap().as_ref().map(|t| t.table.epoch()),
+            },
+            Request::GetTable => match self.table.lock().unwrap().clone() {
+                Some(t) => {
+                    *self.fetched.lock().unwrap() += 1;
+                    Response::Table(t)
+                }
+                None => Response::Error(ErrorCode::NotReady("no table".into())),
+            },
+            _ => Response::Error(ErrorCode::Invalid("not in this test".into())),
+        };
+        Reply::Now(resp, Bytes::new())
+    }
+}
