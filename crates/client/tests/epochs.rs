@@ -3,13 +3,13 @@
 
 use bytes::Bytes;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tessera_client::{Client, ClientOptions, OpenOptions};
-use tessera_placement::{assign, meta_partition, NodeWeight, PartitionTable, ROOT_INO};
+use tessera_placement::{meta_partition, ROOT_INO};
 use tessera_proto::{
-    serve, BufferPool, ClusterConfig, ErrorCode, FileKind, Handler, Inode, NodeAddr, Op, Reply,
-    Request, Response, RpcClient, RpcConfig, Secret, TableInfo,
+    serve, ClusterConfig, FileKind, Inode, Op, Request, Response, RpcClient, RpcConfig, Secret,
+    TableInfo,
 };
 
 mod support;
@@ -63,7 +63,7 @@ async fn client_follows_a_new_epoch_without_errors() {
         servers.push(tessera_server::start(opts).await.unwrap());
     }
     manager.publish_assigned(1);
-    let first = manager.table.lock().unwrap().clone().unwrap();
+    let first = manager.table();
     create_root(&first).await;
 
     let client = Client::connect(ClientOptions::new(maddr, SECRET))

@@ -7,12 +7,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tessera_client::{Client, ClientOptions, OpenOptions, WriteAck};
-use tessera_placement::{
-    assign, meta_partition, stripe_partition, NodeId, NodeWeight, PartitionTable, ROOT_INO,
-};
+use tessera_placement::{meta_partition, stripe_partition, NodeId, ROOT_INO};
 use tessera_proto::{
-    serve, BufferPool, ClusterConfig, ErrorCode, FileKind, Handler, Inode, NodeAddr, Op, Reply,
-    Request, Response, RpcClient, RpcConfig, Secret, TableInfo,
+    serve, ClusterConfig, FileKind, Inode, Op, Request, Response, RpcClient, RpcConfig, Secret,
+    TableInfo,
 };
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
