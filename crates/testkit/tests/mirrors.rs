@@ -44,6 +44,7 @@ fn alive(st: &Value) -> usize {
 fn a_server_killed_during_writes_loses_nothing_and_is_rebuilt() -> Result<()> {
     let mut cluster = Cluster::start(&spec(4, 2))?;
     let mut watch = cluster.worker()?;
+    watch.ok(&json!({"cmd": "status"}))?;
     let killed = AtomicBool::new(false);
     let files = std::thread::scope(|s| -> Result<Vec<(String, u64, u64)>> {
         let writer = s.spawn(|| -> Result<Vec<(String, u64, u64)>> {
@@ -153,6 +154,8 @@ fn a_server_killed_during_reads_is_failed_over() -> Result<()> {
 fn a_single_copy_lost_with_its_server_reads_as_eio() -> Result<()> {
     let mut cluster = Cluster::start(&spec(3, 1))?;
     let (mut w, mut watch) = (cluster.worker()?, cluster.worker()?);
+    // Workers connect on their first command: this one must be connected before the loss.
+    watch.ok(&json!({"cmd": "status"}))?;
     let files: Vec<_> = (0..48u64)
         .map(|k| (format!("/s{k}"), 200_000 + k, k))
         .collect();
