@@ -24,6 +24,10 @@ const SMALL_ROUND: usize = 64;
 /// At most this many unfenced rounds: a partition written faster than it copies is fenced
 /// after them anyway.
 const MAX_ROUNDS: u32 = 6;
+/// A pull answered "stale" (source and receiver on different epochs) is asked again after a
+/// pause, this many times at most.
+const STALE_RETRIES: u32 = 400;
+const STALE_PAUSE: Duration = Duration::from_millis(5);
 
 #[derive(Debug, thiserror::Error)]
 enum SyncError {
@@ -186,6 +190,7 @@ async fn pull_round(
 ) -> Result<usize, SyncError> {
     let mut from = 0u64;
     let mut changes = 0usize;
+    let mut stale = 0u32;
     loop {
         let still = h.table().is_some_and(|t| {
             t.info.table.receives(h.node(), p) && t.info.table.primary(p) == Some(source)
@@ -230,12 +235,24 @@ async fn pull_round(
                 }
             }
             Response::Error(ErrorCode::StaleEpoch { current }) => {
-                // One of us is behind: the source will catch up, or we will.
-                debug!(partition = p, current, "sync pull stale; refreshing");
-                h.want_refresh();
-                return Err(SyncError::Moved(format!(
-                    "source at epoch {current}, we at {epoch}"
-                )));
+                // One of us is behind (every promotion publishes an epoch): wait until the
+                // tables agree and ask again; the check above stops if the copy is no longer
+                // wanted from this source.
+                stale += 1;
+                if stale > STALE_RETRIES {
+                    return Err(SyncError::Moved(format!(
+                        "source at epoch {current}, we at {epoch}, for too long"
+                    )));
+                }
+                debug!(
+                    partition = p,
+                    current, epoch, "sync pull stale; waiting for the table"
+                );
+                if current > epoch {
+                    h.want_refresh();
+                }
+                tokio::time::sleep(STALE_PAUSE).await;
+                continue;
             }
             Response::Error(e) => return Err(SyncError::Failed(e.to_string())),
             other => return Err(SyncError::Failed(format!("unexpected answer {other:?}"))),
