@@ -5,8 +5,9 @@
 #      move, failed requests, slowest request.
 #  (b) MemFS Table I at small scale: a workload that writes 64 MiB files (one a second) up to
 #      3 GiB, then deletes them in four stages, run on a static cluster of 8 servers x 512 MiB
-#      and under two elastic policies (Policy 1: start with 4, step 2; Policy 2: start with 2,
-#      step 2, marks 80/40); the manager's memory history gives allocated and used GiB-seconds.
+#      and under two elastic policies (Policy 1: start with 4 and never below, step 2, marks
+#      90/50; Policy 2: start with 2, step 2, marks 80/40); the manager's memory history gives
+#      allocated and used GiB-seconds.
 # Usage: scripts/bench-elastic.sh   (OUT=dir keeps the results)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,8 +70,10 @@ workload() {
   start=$(date +%s.%N)
   for i in $(seq 48); do
     local t=$(date +%s.%N)
-    # A full cluster (the policy not caught up yet) is retried, as a workflow engine would.
-    until "$bin" cp "$work/blob" "tessera:/w/f$i" 2>/dev/null; do
+    # A full cluster (the policy not caught up yet) is retried, as a workflow engine would;
+    # any other error ends the run.
+    until "$bin" cp "$work/blob" "tessera:/w/f$i" 2>"$work/cp.err"; do
+      grep -q "no space" "$work/cp.err" || { cat "$work/cp.err" >&2; exit 1; }
       retries=$((retries + 1))
       [ $retries -lt 200 ] || { echo "gave up: cluster stayed full" >&2; exit 1; }
       sleep 0.5
@@ -91,10 +94,10 @@ echo "== (b) MemFS Table I: static vs two elastic policies"
 up static --servers 8 --memory 512MiB
 workload static
 down
-up policy1 --servers 4 --memory 512MiB --elastic --scale-step 2 --scale-high 90% --scale-low 50% --max-nodes 8 --scale-cooldown 2s
+up policy1 --servers 4 --memory 512MiB --elastic --scale-step 2 --scale-high 90% --scale-low 50% --min-nodes 4 --max-nodes 8 --scale-cooldown 2s
 workload policy1
 down
-up policy2 --servers 2 --memory 512MiB --elastic --scale-step 2 --scale-high 80% --scale-low 40% --max-nodes 8 --scale-cooldown 2s
+up policy2 --servers 2 --memory 512MiB --elastic --scale-step 2 --scale-high 80% --scale-low 40% --min-nodes 2 --max-nodes 8 --scale-cooldown 2s
 workload policy2
 down
 python3 - "$out" <<'PY'

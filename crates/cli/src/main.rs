@@ -404,7 +404,7 @@ async fn run(cli: Cli) -> Result<()> {
             // Straight to the manager: status works while the cluster is not (yet) usable.
             let (manager, secret) =
                 config::endpoint(cli.manager.as_deref(), cli.secret.as_deref(), &cfg)?;
-            status::run(manager, &secret, a).await
+            status::run(manager, &secret, a, &cfg).await
         }
         Cmd::Cp(a) => files::cp(&client(&cli, &cfg).await?, a).await,
         Cmd::Ls(a) => files::ls(&client(&cli, &cfg).await?, a).await,

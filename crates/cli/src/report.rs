@@ -86,6 +86,56 @@ pub async fn run(flag_secret: Option<&str>, cfg: &FileConfig, args: &ReportArgs)
     Ok(())
 }
 
+/// The manager's memory history, if its HTTP API answers (for `tessera status`).
+pub async fn recent(cfg: &FileConfig, secret: &str) -> Option<Vec<Sample>> {
+    let http = cfg.http.clone().unwrap_or_else(|| DEFAULT_HTTP.into());
+    let addr = config::addr(&http, "HTTP").ok()?;
+    let text = tokio::time::timeout(Duration::from_secs(2), fetch(addr, "/history", secret))
+        .await
+        .ok()?
+        .ok()?;
+    serde_json::from_str::<HistoryDoc>(&text)
+        .ok()
+        .map(|d| d.samples)
+}
+
+/// One line of memory use over time: `width` columns, each the used share of the largest
+/// allocation in the run, as block characters; with the span, peaks and server counts.
+#[must_use]
+pub fn sparkline(samples: &[Sample], width: usize) -> Option<String> {
+    const BLOCKS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let (first, last) = (samples.first()?, samples.last()?);
+    let span = last.t_ms.saturating_sub(first.t_ms).max(1);
+    let peak_alloc = samples.iter().map(|s| s.allocated).max()?.max(1);
+    let width = width.clamp(1, samples.len());
+    let mut line = String::with_capacity(width * 3);
+    for col in 0..width {
+        let (lo, hi) = (
+            first.t_ms + span * col as u64 / width as u64,
+            first.t_ms + span * (col as u64 + 1) / width as u64,
+        );
+        let used = samples
+            .iter()
+            .filter(|s| s.t_ms >= lo && (s.t_ms < hi || col + 1 == width))
+            .map(|s| s.used)
+            .max()
+            .unwrap_or(0);
+        let level = (used as f64 / peak_alloc as f64 * 7.0).round() as usize;
+        line.push(BLOCKS[level.min(7)]);
+    }
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    let (min_n, max_n) = (
+        samples.iter().map(|s| s.nodes).min()?,
+        samples.iter().map(|s| s.nodes).max()?,
+    );
+    Some(format!(
+        "memory over the last {:.0} s: used {line}  (peak {:.2} GiB used of {:.2} GiB allocated; {min_n}-{max_n} servers)",
+        span as f64 / 1000.0,
+        gib(samples.iter().map(|s| s.used).max()?),
+        gib(peak_alloc),
+    ))
+}
+
 /// A GET on the manager's HTTP API with the cluster secret; the body of a 200 answer.
 async fn fetch(addr: SocketAddr, path: &str, secret: &str) -> Result<String> {
     if secret.chars().any(char::is_control) {
@@ -453,6 +503,28 @@ tr {{ border-bottom: 1px solid #eee; }}
         escape(source),
         render_svg(samples)
     )
+}
+
+#[cfg(test)]
+mod spark_tests {
+    use super::*;
+
+    #[test]
+    fn sparkline_follows_use() {
+        let s = |t_ms, used| Sample {
+            t_ms,
+            nodes: 2,
+            allocated: 8 << 30,
+            used,
+        };
+        assert_eq!(sparkline(&[], 10), None);
+        let one = sparkline(&[s(0, 4 << 30)], 10).unwrap();
+        assert!(one.contains("used ▅ "), "{one}");
+        let up_down = [s(0, 0), s(1000, 4 << 30), s(2000, 8 << 30), s(3000, 0)];
+        let line = sparkline(&up_down, 4).unwrap();
+        assert!(line.contains("used ▁▅█▁"), "{line}");
+        assert!(line.contains("2-2 servers"), "{line}");
+    }
 }
 
 #[cfg(test)]

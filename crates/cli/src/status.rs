@@ -64,7 +64,12 @@ pub async fn ask(c: &RpcClient, req: &Request) -> Result<Response> {
         .0)
 }
 
-pub async fn run(manager: SocketAddr, secret: &str, args: &StatusArgs) -> Result<()> {
+pub async fn run(
+    manager: SocketAddr,
+    secret: &str,
+    args: &StatusArgs,
+    cfg: &crate::config::FileConfig,
+) -> Result<()> {
     let c = connect(manager, secret).await?;
     let s = match ask(&c, &Request::GetStatus).await? {
         Response::Status(s) => s,
@@ -92,6 +97,13 @@ pub async fn run(manager: SocketAddr, secret: &str, args: &StatusArgs) -> Result
     }
     print_summary(&s);
     print_nodes(&s);
+    // The history comes from the HTTP API: shown when it answers, skipped otherwise.
+    if let Some(line) = crate::report::recent(cfg, secret)
+        .await
+        .and_then(|h| crate::report::sparkline(&h, 60))
+    {
+        println!("{line}");
+    }
     if args.partitions {
         match &table {
             Some(t) => print_partitions(t),

@@ -88,13 +88,24 @@ impl Children {
         }
     }
 
-    /// Resolves when any child exits, naming it.
+    /// Resolves when a child fails, naming it. A server that exits cleanly was drained and
+    /// retired by the manager (scale-in): it is let go, the cluster goes on.
     async fn first_exit(&mut self) -> String {
         loop {
-            for (name, c) in &mut self.0 {
-                if let Ok(Some(status)) = c.try_wait() {
-                    return format!("{name} exited ({status})");
+            let mut failed = None;
+            self.0.retain_mut(|(name, c)| match c.try_wait() {
+                Ok(Some(status)) if status.success() && name.starts_with("server") => {
+                    eprintln!("{name} was retired (scale-in)");
+                    false
                 }
+                Ok(Some(status)) => {
+                    failed.get_or_insert(format!("{name} exited ({status})"));
+                    true
+                }
+                _ => true,
+            });
+            if let Some(why) = failed {
+                return why;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
