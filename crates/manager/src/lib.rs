@@ -13,6 +13,8 @@ use policy::{Decision, Policy};
 use provision::{ProvisionSpec, Provisioner};
 use state::{Beat, State};
 
+/// Servers one scale request may add (each is a process or a provisioning command).
+const MAX_ADD: u32 = 256;
 /// How often memory use is sampled (history, elastic policy).
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 use std::net::SocketAddr;
@@ -113,6 +115,11 @@ impl Shared {
         remove: &[tessera_placement::NodeId],
         now: Instant,
     ) -> Result<(), ErrorCode> {
+        if add > MAX_ADD {
+            return Err(ErrorCode::Invalid(format!(
+                "at most {MAX_ADD} servers can be added at once (asked for {add})"
+            )));
+        }
         if add > 0 {
             let taken = self.lock().member_addrs();
             let mut prov = self.provisioner();
