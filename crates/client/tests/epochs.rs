@@ -1,16 +1,11 @@
 //! A client keeps working across a partition-table change: real storage servers, a scripted
 //! manager whose table epoch the test advances, and a client that must refresh and retry.
 
-use bytes::Bytes;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_client::{Client, ClientOptions, OpenOptions};
-use tessera_placement::{meta_partition, ROOT_INO};
-use tessera_proto::{
-    serve, ClusterConfig, FileKind, Inode, Op, Request, Response, RpcClient, RpcConfig, Secret,
-    TableInfo,
-};
+use tessera_proto::{serve, ClusterConfig, RpcConfig, Secret};
 
 mod support;
 
@@ -25,27 +20,6 @@ const CONFIG: ClusterConfig = ClusterConfig {
 
 fn rpc() -> RpcConfig {
     support::rpc(SECRET)
-}
-
-/// Creates the root directory, as the real manager does.
-async fn create_root(info: &TableInfo) {
-    let owner = info
-        .table
-        .replicas(meta_partition(ROOT_INO, CONFIG.partitions))[0];
-    let addr = info.nodes.iter().find(|n| n.id == owner).unwrap().addr;
-    let root = Inode::new(ROOT_INO, FileKind::Dir, 0o755, 0, 0, ROOT_INO, Vec::new());
-    let conn = RpcClient::connect(addr, &rpc()).await.unwrap();
-    let req = Request::Op {
-        epoch: info.table.epoch(),
-        op: Op::InodeCreate { inode: root },
-    };
-    for _ in 0..200 {
-        if conn.call(&req, Bytes::new()).await.unwrap().0 == Response::Ok {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("the root's server never installed the table");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,7 +38,7 @@ async fn client_follows_a_new_epoch_without_errors() {
     }
     manager.publish_assigned(1);
     let first = manager.table();
-    create_root(&first).await;
+    support::create_root(&first, SECRET).await;
 
     let client = Client::connect(ClientOptions::new(maddr, SECRET))
         .await

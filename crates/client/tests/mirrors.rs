@@ -7,11 +7,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tessera_client::{Client, ClientOptions, OpenOptions, WriteAck};
-use tessera_placement::{meta_partition, stripe_partition, NodeId, ROOT_INO};
-use tessera_proto::{
-    serve, ClusterConfig, FileKind, Inode, Op, Request, Response, RpcClient, RpcConfig, Secret,
-    TableInfo,
-};
+use tessera_placement::{stripe_partition, NodeId};
+use tessera_proto::{serve, ClusterConfig, Op, Request, Response, RpcClient, RpcConfig, Secret};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
@@ -108,7 +105,7 @@ impl Cluster {
             servers.push(server);
         }
         let first = manager.publish_assigned(1);
-        create_root(&first).await;
+        support::create_root(&first, SECRET).await;
         Self {
             manager,
             maddr,
@@ -147,26 +144,6 @@ fn free_addr(ip: &str) -> SocketAddr {
         .unwrap()
         .local_addr()
         .unwrap()
-}
-
-/// Creates the root directory on every replica of its partition, as the real manager does.
-async fn create_root(info: &TableInfo) {
-    let p = meta_partition(ROOT_INO, info.config.partitions);
-    let owner = info.table.replicas(p)[0];
-    let addr = info.nodes.iter().find(|n| n.id == owner).unwrap().addr;
-    let root = Inode::new(ROOT_INO, FileKind::Dir, 0o755, 0, 0, ROOT_INO, Vec::new());
-    let conn = RpcClient::connect(addr, &rpc()).await.unwrap();
-    let req = Request::Op {
-        epoch: info.table.epoch(),
-        op: Op::InodeCreate { inode: root },
-    };
-    for _ in 0..200 {
-        if conn.call(&req, Bytes::new()).await.unwrap().0 == Response::Ok {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("the root's server never installed the table");
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {

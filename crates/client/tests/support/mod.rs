@@ -4,14 +4,35 @@
 use bytes::Bytes;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tessera_placement::{assign, NodeId, NodeWeight, PartitionTable};
+use tessera_placement::{assign, meta_partition, NodeId, NodeWeight, PartitionTable, ROOT_INO};
 use tessera_proto::{
-    BufferPool, ClusterConfig, ErrorCode, Handler, NodeAddr, Reply, Request, Response, RpcConfig,
-    Secret, TableInfo,
+    BufferPool, ClusterConfig, ErrorCode, FileKind, Handler, Inode, NodeAddr, Op, Reply, Request,
+    Response, RpcClient, RpcConfig, Secret, TableInfo,
 };
 
 pub fn rpc(secret: &str) -> RpcConfig {
     RpcConfig::new(Secret::new(secret), Arc::new(BufferPool::new(1 << 20, 8)))
+}
+
+/// Creates the root directory through the primary of its partition (which forwards it to the
+/// other replicas), as the real manager does.
+pub async fn create_root(info: &TableInfo, secret: &str) {
+    let p = meta_partition(ROOT_INO, info.config.partitions);
+    let owner = info.table.replicas(p)[0];
+    let addr = info.nodes.iter().find(|n| n.id == owner).unwrap().addr;
+    let root = Inode::new(ROOT_INO, FileKind::Dir, 0o755, 0, 0, ROOT_INO, Vec::new());
+    let conn = RpcClient::connect(addr, &rpc(secret)).await.unwrap();
+    let req = Request::Op {
+        epoch: info.table.epoch(),
+        op: Op::InodeCreate { inode: root },
+    };
+    for _ in 0..200 {
+        if conn.call(&req, Bytes::new()).await.unwrap().0 == Response::Ok {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the root's server never installed the table");
 }
 
 /// A manager reduced to what the tests need: members, and tables the test publishes.
