@@ -90,7 +90,9 @@ pub(crate) fn hedge_after(len: u32, best: Option<f64>, unit: u32) -> Duration {
         return HEDGE_UNKNOWN;
     };
     let units = f64::from(len.max(unit)) / f64::from(unit.max(1));
-    Duration::from_secs_f64(best * units * HEDGE_FACTOR / 1e6).max(HEDGE_MIN)
+    Duration::try_from_secs_f64(best * units * HEDGE_FACTOR / 1e6)
+        .unwrap_or(HEDGE_UNKNOWN)
+        .max(HEDGE_MIN)
 }
 
 #[cfg(test)]

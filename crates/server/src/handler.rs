@@ -588,7 +588,7 @@ impl NodeHandler {
         let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
         let base = match sessions.remove(&(p, node)) {
             _ if round == 0 => None,
-            Some(s) if s.round + 1 == round => Some(s.base),
+            Some(s) if s.round.checked_add(1) == Some(round) => Some(s.base),
             _ => {
                 return err(ErrorCode::Invalid(format!(
                     "no round {} of partition {p} to continue from: start the copy again",
