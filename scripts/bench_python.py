@@ -4,18 +4,21 @@ One `tessera up` cluster (4 servers); in the same run and on the same memory:
   * `tessera bench` (the Rust client: sequential write/read of one file, 1 MiB requests;
     creates/stats/unlinks of empty files from 8 tasks);
   * Python through tessera.Client: sequential write and read of one file, 1 MiB requests
-    (`f.write(buf)`, `f.read(1 MiB)`: every read returns a new `bytes`, one copy);
+    (`f.write(buf)`, one copy into the client's stripe buffers; `f.read(1 MiB)`, which returns
+    the `bytes` object the stripe was received into from the socket);
     10 000 small files written and read one at a time (`pipe`, `cat`) and in one batch call
     (`pipe_many`, `cat_many`, 32 in flight);
   * the same Python loops against local tmpfs (/dev/shm) with the built-in `open`.
 Rounds alternate Rust and Python so both see warm, reused server memory; the first round
-only warms up. Prints a table and writes JSON.
+only warms up. Prints each round, the median Python/Rust ratios over the rounds, and writes
+JSON.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import shutil
 import subprocess
 import sys
@@ -104,7 +107,7 @@ def main() -> None:
     size = int(sys.argv[1]) if len(sys.argv) > 1 else 2 << 30
     files = int(sys.argv[2]) if len(sys.argv) > 2 else 10_000
     each = 4096
-    rounds = int(os.environ.get("ROUNDS", "2"))
+    rounds = int(os.environ.get("ROUNDS", "3"))
     out_path = os.environ.get("OUT_JSON", "bench-python.json")
     servers = 4
     memory = os.environ.get("SERVER_MEMORY", "1536MiB")
@@ -157,6 +160,13 @@ def main() -> None:
             )
             sys.stdout.flush()
     shutil.rmtree(shm, ignore_errors=True)
+    medians = {}
+    for what in ("write", "read"):
+        key = what + "_gbps"
+        ratios = [r["python"][key] / r["rust"][key] for r in results["rounds"]]
+        medians[what] = statistics.median(ratios)
+        print(f"median over {len(ratios)} rounds: python {what} {100 * medians[what]:3.0f} % of rust")
+    results["median_python_over_rust"] = medians
     with open(out_path, "w") as f:
         json.dump(results, f, indent=2)
     print(f"results: {out_path}")

@@ -47,6 +47,32 @@ def test_write_read_seek_tell(client: Client, base: str) -> None:
         f.read()
 
 
+def test_aligned_stripe_reads_return_the_received_bytes(client: Client, base: str) -> None:
+    s = client.stripe_size
+    p = f"{base}/z.bin"
+    data = os.urandom(2 * s + 4321)
+    client.pipe(p, data)
+    with client.open(p) as f:
+        first = f.read(s)
+        f.seek(0)
+        # The very object the stripe was received into, not a copy of it.
+        assert f.read(s) is first
+        assert f.read(s) == data[s : 2 * s]
+        assert f.read(s) == data[2 * s :]  # the tail, read ahead to the end of the file
+        assert f.read(s) == b""
+    with client.open(p, "r+b") as f:
+        f.seek(s)
+        f.write(b"new")
+        f.seek(s)
+        assert f.read(s) == b"new" + data[s + 3 : 2 * s]
+    # The objects outlive the handle and the client's buffers.
+    del f
+    import gc
+
+    gc.collect()
+    assert first == data[:s]
+
+
 def test_lines_and_text(client: Client, base: str) -> None:
     p = f"{base}/t.txt"
     client.pipe(p, b"one\ntwo\nthree\n")

@@ -24,8 +24,9 @@ use crate::{Client, Error, OpenOptions, Result, WriteAck};
 use bytes::{Bytes, BytesMut};
 use std::collections::{BTreeMap, VecDeque};
 use std::io::SeekFrom;
+use std::sync::Arc;
 use tessera_placement::{segments, Ino, Segment};
-use tessera_proto::{Inode, Op, Response, SetAttr, Timespec};
+use tessera_proto::{Inode, Op, Response, SetAttr, Sink, Timespec};
 use tracing::warn;
 
 /// A stripe write not yet acknowledged by every replica.
@@ -43,6 +44,14 @@ struct ReadAhead {
     next: u64,
     /// Whole stripes being fetched ahead of the reader.
     stripes: BTreeMap<u64, Vec<ReadPart>>,
+}
+
+/// Memory for read answers, supplied by the caller: a stripe read from one replica is received
+/// straight into it, and the `Bytes` that [`File::read_at`] returns then lie in it, copied only
+/// from the socket. (The Python binding hands out `bytes` objects this way.)
+pub trait ReadSinks: Send + Sync {
+    /// A sink of at least `len` bytes, or `None` to receive into the client's own buffers.
+    fn sink(&self, len: usize) -> Option<Box<dyn Sink>>;
 }
 
 /// An open file of a Tessera cluster. Close it with [`File::close`] to learn about errors;
@@ -70,6 +79,8 @@ pub struct File {
     lagging: VecDeque<Inflight>,
     failed: Option<Error>,
     ahead: ReadAhead,
+    /// Where read answers are received into, if the caller supplies memory of its own.
+    sinks: Option<Arc<dyn ReadSinks>>,
     pos: u64,
     closed: bool,
     /// Finishing a dropped handle in the background: if that task is dropped in turn (the
@@ -97,6 +108,7 @@ impl File {
             lagging: VecDeque::new(),
             failed: None,
             ahead: ReadAhead::default(),
+            sinks: None,
             pos: 0,
             closed: false,
             detached: false,
@@ -360,7 +372,10 @@ impl File {
                     continue;
                 }
                 // A lost partition ahead is the reader's error only if it gets there.
-                if let Ok(mut parts) = self.fetch(s, 0, self.stripe as u32).await {
+                // The last stripe only up to the end of the file: an answer of the asked
+                // length fills its sink exactly.
+                let len = (self.size - s * self.stripe).min(self.stripe) as u32;
+                if let Ok(mut parts) = self.fetch(s, 0, len).await {
                     parts.iter_mut().for_each(ReadPart::detach);
                     self.ahead.stripes.insert(s, parts);
                 }
@@ -386,12 +401,17 @@ impl File {
     async fn fetch(&self, stripe: u64, offset: u32, len: u32) -> Result<Vec<ReadPart>> {
         self.client
             .router
-            .send_read(self.ino, stripe, offset, len)
+            .send_read(self.ino, stripe, offset, len, self.sinks.as_deref())
             .await
     }
 
+    /// Receive read answers into memory from `sinks` from now on.
+    pub fn set_read_sinks(&mut self, sinks: Arc<dyn ReadSinks>) {
+        self.sinks = Some(sinks);
+    }
+
     /// The bytes of `seg` from `parts`, fetched reads covering it (a read ahead covers the
-    /// whole stripe): slices of the answers, each with where it starts in `seg`, in order.
+    /// whole stripe, up to the end of the file): slices of the answers, each with where it starts in `seg`, in order.
     /// A part that failed is read again from another replica; parts outside `seg` are not
     /// waited for.
     async fn finish_fetch(
@@ -543,6 +563,7 @@ impl Drop for File {
             lagging: std::mem::take(&mut self.lagging),
             failed: self.failed.take(),
             ahead: ReadAhead::default(),
+            sinks: None,
             pos: 0,
             closed: false,
             detached: true,

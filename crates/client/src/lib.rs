@@ -20,7 +20,7 @@ mod path;
 mod route;
 
 pub use error::Error;
-pub use file::File;
+pub use file::{File, ReadSinks};
 pub use namespace::{OpenOptions, Usage};
 pub use tessera_proto::{DirEntry, ErrorCode, FileKind, Inode, Name, SetAttr, Timespec};
 

@@ -12,7 +12,7 @@
 //! * A partition with no replica left is lost: its requests fail at once with `Lost` (EIO).
 
 use crate::choose::{self, Load};
-use crate::{ClientOptions, Error, Result};
+use crate::{ClientOptions, Error, ReadSinks, Result};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,7 +24,7 @@ use tessera_placement::{
 };
 use tessera_proto::{
     BufferPool, ClusterConfig, ClusterStatus, ErrorCode, Op, Request, Response, RpcClient,
-    RpcConfig, RpcError, TableInfo, Waiter,
+    RpcConfig, RpcError, Sink, TableInfo, Waiter,
 };
 use tokio::sync::OnceCell;
 use tracing::debug;
@@ -578,6 +578,7 @@ impl Router {
         stripe: u64,
         offset: u32,
         len: u32,
+        sinks: Option<&dyn ReadSinks>,
     ) -> Result<Vec<ReadPart>> {
         let key = Key::Stripe(file, stripe);
         let route = self.route();
@@ -590,6 +591,8 @@ impl Router {
             Some(at) => vec![(order[0], offset, at), (order[1], offset + at, len - at)],
             None => vec![(order[0], offset, len)],
         };
+        // A split answer comes in two pieces: only a whole one can be the caller's memory.
+        let sinks = sinks.filter(|_| pieces.len() == 1);
         let mut parts = Vec::with_capacity(pieces.len());
         for (node, offset, len) in pieces {
             let op = Op::ReadStripe {
@@ -598,7 +601,8 @@ impl Router {
                 offset,
                 len,
             };
-            let pending = match self.send_tracked(&route, node, &op, len).await {
+            let sink = sinks.and_then(|s| s.sink(len as usize));
+            let pending = match self.send_tracked(&route, node, &op, len, sink).await {
                 Ok(t) => Pending::Sent(t),
                 Err(e) => Pending::Failed(Tried {
                     node,
@@ -622,6 +626,7 @@ impl Router {
         node: NodeId,
         op: &Op,
         len: u32,
+        sink: Option<Box<dyn Sink>>,
     ) -> Result<Tracked> {
         let conn = self.conn(route, node).await?;
         let req = Request::Op {
@@ -630,7 +635,7 @@ impl Router {
         };
         let busy = Busy::new(self.load_of(node));
         let sent = Instant::now();
-        let waiter = conn.send(&req, Bytes::new()).await?;
+        let waiter = conn.send_into(&req, Bytes::new(), sink).await?;
         Ok(Tracked {
             node,
             waiter,
@@ -712,7 +717,7 @@ impl Router {
             return done;
         }
         self.load_of(node).record(sent.elapsed(), len);
-        let Ok(t) = self.send_tracked(&route, order[0], op, len).await else {
+        let Ok(t) = self.send_tracked(&route, order[0], op, len, None).await else {
             return first.await;
         };
         debug!(
@@ -768,7 +773,7 @@ impl Router {
                 tried.clear();
                 continue;
             };
-            let answer = match self.send_tracked(&route, node, op, len).await {
+            let answer = match self.send_tracked(&route, node, op, len, None).await {
                 Ok(t) => t.wait().await.1.map_err(Error::from),
                 Err(e) => Err(e),
             };

@@ -11,8 +11,9 @@
 //!      .    . payload: raw bytes (stripe data), the rest of the body
 //! ```
 //!
-//! The payload is read straight into a pooled buffer and handed on as `Bytes`: it is never
-//! copied again or re-encoded on its way to the store or to the caller.
+//! The payload is read straight into a pooled buffer (or into memory the caller supplied, see
+//! `rpc::Sink`) and handed on as `Bytes`: it is never copied again or re-encoded on its way to
+//! the store or to the caller.
 
 use crate::pool::BufferPool;
 use bytes::Bytes;
@@ -91,12 +92,39 @@ pub fn encode_head(
     Ok(out)
 }
 
+/// The prefix and header of a frame whose payload is still on the socket.
+#[derive(Debug)]
+pub struct Head {
+    pub id: u64,
+    pub kind: FrameKind,
+    pub header: Vec<u8>,
+    pub payload_len: usize,
+}
+
 /// Reads one frame. `Ok(None)` means the peer closed the connection between frames.
 pub async fn read_frame<R: AsyncRead + Unpin>(
     r: &mut R,
     limits: Limits,
     pool: &BufferPool,
 ) -> Result<Option<Frame>, FrameError> {
+    let Some(head) = read_head(r, limits).await? else {
+        return Ok(None);
+    };
+    let payload = read_payload(r, head.payload_len, pool).await?;
+    Ok(Some(Frame {
+        id: head.id,
+        kind: head.kind,
+        header: head.header,
+        payload,
+    }))
+}
+
+/// Reads a frame's prefix and header, checked against `limits`; the caller then reads its
+/// payload (`read_payload`, or `read_full` into memory of its own). `Ok(None)`: closed between frames.
+pub async fn read_head<R: AsyncRead + Unpin>(
+    r: &mut R,
+    limits: Limits,
+) -> Result<Option<Head>, FrameError> {
     let mut prefix = [0u8; PREFIX_LEN];
     // Distinguish a clean close (no byte of a new frame) from a truncated one.
     let first = r.read(&mut prefix).await?;
@@ -137,28 +165,38 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
     }
     let mut header = vec![0u8; header_len as usize];
     read_full(r, &mut header).await?;
-    let payload_len = (body - BODY_FIXED - header_len) as usize;
-    let payload = if payload_len == 0 {
-        Bytes::new()
-    } else {
-        let mut buf = pool.get(payload_len);
-        while buf.len() < payload_len {
-            let want = (payload_len - buf.len()) as u64;
-            if (&mut *r).take(want).read_buf(&mut buf).await? == 0 {
-                return Err(FrameError::Truncated);
-            }
-        }
-        buf.freeze()
-    };
-    Ok(Some(Frame {
+    Ok(Some(Head {
         id,
         kind,
         header,
-        payload,
+        payload_len: (body - BODY_FIXED - header_len) as usize,
     }))
 }
 
-async fn read_full<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8]) -> Result<(), FrameError> {
+/// Reads a payload of `len` bytes into a pooled buffer.
+pub async fn read_payload<R: AsyncRead + Unpin>(
+    r: &mut R,
+    len: usize,
+    pool: &BufferPool,
+) -> Result<Bytes, FrameError> {
+    if len == 0 {
+        return Ok(Bytes::new());
+    }
+    let mut buf = pool.get(len);
+    while buf.len() < len {
+        let want = (len - buf.len()) as u64;
+        if (&mut *r).take(want).read_buf(&mut buf).await? == 0 {
+            return Err(FrameError::Truncated);
+        }
+    }
+    Ok(buf.freeze())
+}
+
+/// Reads exactly `buf.len()` bytes (a payload received into memory the caller supplied).
+pub(crate) async fn read_full<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut [u8],
+) -> Result<(), FrameError> {
     match r.read_exact(buf).await {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(FrameError::Truncated),

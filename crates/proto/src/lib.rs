@@ -18,7 +18,9 @@ pub use auth::{AuthError, Secret};
 pub use frame::{FrameError, Limits};
 pub use msg::*;
 pub use pool::BufferPool;
-pub use rpc::{serve, serve_connection, Handler, Reply, RpcClient, RpcConfig, RpcError, Waiter};
+pub use rpc::{
+    serve, serve_connection, Handler, Reply, RpcClient, RpcConfig, RpcError, Sink, Waiter,
+};
 
 /// Version of the protocol spoken by this build; both ends must agree.
 pub const PROTOCOL_VERSION: u16 = 1;

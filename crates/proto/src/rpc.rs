@@ -8,7 +8,9 @@
 //! apply in the order it sent them. Round trips matter: metadata operations are made of them.
 
 use crate::auth::{client_handshake, server_handshake, AuthError, Secret};
-use crate::frame::{encode_head, read_frame, FrameError, FrameKind, Limits};
+use crate::frame::{
+    encode_head, read_frame, read_full, read_head, read_payload, FrameError, FrameKind, Limits,
+};
 use crate::msg::{Request, Response};
 use crate::pool::BufferPool;
 use bytes::Bytes;
@@ -170,9 +172,33 @@ impl Sender {
 
 type Answer = Result<(Response, Bytes), RpcError>;
 
+/// Memory of the caller's that a response payload is received into directly, so the bytes are
+/// copied once, from the socket, to where the caller wants them (a Python `bytes` object being
+/// built, say). The answer's payload is then a `Bytes` owning the sink.
+pub trait Sink: Send + 'static {
+    /// The memory: stable, and written only through this, for as long as the sink lives.
+    fn buf(&mut self) -> &mut [u8];
+    /// The same memory, read-only.
+    fn bytes(&self) -> &[u8];
+}
+
+/// A filled sink as the owner of a `Bytes`.
+struct Filled(Box<dyn Sink>);
+
+impl AsRef<[u8]> for Filled {
+    fn as_ref(&self) -> &[u8] {
+        self.0.bytes()
+    }
+}
+
+struct Waiting {
+    tx: oneshot::Sender<Answer>,
+    sink: Option<Box<dyn Sink>>,
+}
+
 #[derive(Default)]
 struct Pending {
-    waiting: HashMap<u64, oneshot::Sender<Answer>>,
+    waiting: HashMap<u64, Waiting>,
     /// Set once the connection is gone; no new request may wait after that.
     closed: Option<String>,
 }
@@ -195,7 +221,7 @@ impl Shared {
             p.closed = Some(reason.clone());
         }
         for (_, w) in p.waiting.drain() {
-            let _ = w.send(Err(RpcError::Closed {
+            let _ = w.tx.send(Err(RpcError::Closed {
                 addr: self.addr,
                 reason: reason.clone(),
             }));
@@ -246,22 +272,40 @@ impl RpcClient {
         tokio::spawn(async move {
             let mut rd = BufReader::with_capacity(IO_BUF, rd);
             let reason = loop {
-                let frame = match read_frame(&mut rd, limits, &pool).await {
-                    Ok(Some(f)) => f,
+                let head = match read_head(&mut rd, limits).await {
+                    Ok(Some(h)) => h,
                     Ok(None) => break "closed by peer".to_string(),
                     Err(e) => break e.to_string(),
                 };
-                if frame.kind != FrameKind::Response {
+                if head.kind != FrameKind::Response {
                     break "peer sent a request on a client connection".to_string();
                 }
-                let resp: Response = match postcard::from_bytes(&frame.header) {
+                let resp: Response = match postcard::from_bytes(&head.header) {
                     Ok(r) => r,
                     Err(e) => break format!("undecodable response: {e}"),
                 };
-                // A missing waiter timed out; its late answer is dropped.
-                let waiter = r_shared.lock().waiting.remove(&frame.id);
-                if let Some(w) = waiter {
-                    let _ = w.send(Ok((resp, frame.payload)));
+                // A missing waiter timed out; its late answer is read and dropped.
+                let waiter = r_shared.lock().waiting.remove(&head.id);
+                let (tx, sink) = match waiter {
+                    Some(w) => (Some(w.tx), w.sink),
+                    None => (None, None),
+                };
+                let payload = match sink {
+                    Some(mut sink)
+                        if head.payload_len > 0 && head.payload_len <= sink.bytes().len() =>
+                    {
+                        match read_full(&mut rd, &mut sink.buf()[..head.payload_len]).await {
+                            Ok(()) => Bytes::from_owner(Filled(sink)).slice(..head.payload_len),
+                            Err(e) => break e.to_string(),
+                        }
+                    }
+                    _ => match read_payload(&mut rd, head.payload_len, &pool).await {
+                        Ok(p) => p,
+                        Err(e) => break e.to_string(),
+                    },
+                };
+                if let Some(tx) = tx {
+                    let _ = tx.send(Ok((resp, payload)));
                 }
             };
             debug!(addr = %r_shared.addr, "connection ended: {reason}");
@@ -283,6 +327,17 @@ impl RpcClient {
     /// Queues a request and returns without waiting for the answer. Requests sent one after
     /// another on one connection reach the server, and are applied, in that order.
     pub async fn send(&self, req: &Request, payload: Bytes) -> Result<Waiter, RpcError> {
+        self.send_into(req, payload, None).await
+    }
+
+    /// [`Self::send`], receiving the response's payload into `sink` if it fits there (else
+    /// into a pooled buffer, as `send` does).
+    pub async fn send_into(
+        &self,
+        req: &Request,
+        payload: Bytes,
+        sink: Option<Box<dyn Sink>>,
+    ) -> Result<Waiter, RpcError> {
         let addr = self.shared.addr;
         let header = postcard::to_allocvec(req).map_err(|e| RpcError::Encode(e.to_string()))?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -297,7 +352,7 @@ impl RpcClient {
                     reason: reason.clone(),
                 });
             }
-            p.waiting.insert(id, wtx);
+            p.waiting.insert(id, Waiting { tx: wtx, sink });
         }
         let frame = Outgoing {
             head,
@@ -572,6 +627,41 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(resp, Response::Error(ErrorCode::NotFound));
+    }
+
+    struct VecSink(Vec<u8>);
+    impl Sink for VecSink {
+        fn buf(&mut self) -> &mut [u8] {
+            &mut self.0
+        }
+        fn bytes(&self) -> &[u8] {
+            &self.0
+        }
+    }
+
+    #[tokio::test]
+    async fn payloads_land_in_the_callers_sink_when_they_fit() {
+        let addr = start("k").await;
+        let c = RpcClient::connect(addr, &cfg("k")).await.unwrap();
+        for len in [1usize, 4096, 300_000, 1 << 20] {
+            let payload = Bytes::from((0..len).map(|i| (i % 251) as u8).collect::<Vec<_>>());
+            let sink = Box::new(VecSink(vec![0; 1 << 20]));
+            let at = sink.0.as_ptr();
+            let w = c
+                .send_into(&GET, payload.clone(), Some(sink))
+                .await
+                .unwrap();
+            let (_, back) = w.wait().await.unwrap();
+            assert_eq!(back, payload);
+            assert_eq!(back.as_ptr(), at, "{len} bytes were copied out of the sink");
+        }
+        // Too large for the sink: received as usual, the sink is not touched.
+        let payload = Bytes::from(vec![7u8; 5000]);
+        let w = c
+            .send_into(&GET, payload.clone(), Some(Box::new(VecSink(vec![0; 100]))))
+            .await
+            .unwrap();
+        assert_eq!(w.wait().await.unwrap().1, payload);
     }
 
     #[tokio::test]

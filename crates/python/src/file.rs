@@ -1,20 +1,23 @@
 //! `tessera._tessera.File`: an open file of the cluster, seen from Python as a binary file.
 //!
-//! Reads go stripe by stripe: each stripe comes from the client as one `Bytes` (a slice of the
-//! buffer the network delivered, no copy) and is copied once into the `bytes` object handed to
-//! Python. The last stripe read is kept, so small reads (a CSV parser's 64 KiB, a Parquet
-//! footer) cost a memory copy, not a round trip each; the client's read-ahead keeps the next
-//! stripes in flight on sequential reads. Writes are copied once, into the client's stripe
+//! Reads go stripe by stripe: each stripe is received from the network straight into a new
+//! `bytes` object (`sink.rs`). A read of exactly one stripe from its start (`read(stripe
+//! size)` at an aligned cursor, or the file's tail) returns that object: no copy but the
+//! kernel's. Other reads copy from it once into the `bytes` object they return. The last stripe
+//! read is kept, so small reads (a CSV parser's 64 KiB, a Parquet footer) cost a memory copy,
+//! not a round trip each; the client's read-ahead keeps the next stripes in flight on
+//! sequential reads. Writes are copied once, into the client's stripe
 //! buffers. Every call releases the GIL while it waits for the cluster.
 
 use crate::error::{at, to_py};
+use crate::sink::{BytesSinks, FileSinks};
 use crate::{inode_dict, new_bytes, runtime};
 use bytes::Bytes;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::io::SeekFrom;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tessera_client::{Error, File};
 
 /// The open handle and the cursor.
@@ -25,9 +28,26 @@ pub(crate) struct Handle {
     cached: Option<(u64, Bytes)>,
 }
 
+/// Stripe `idx` (its bytes from the stripe's start), through `cached`.
+async fn stripe_at(
+    file: &mut File,
+    stripe: u64,
+    idx: u64,
+    cached: &mut Option<(u64, Bytes)>,
+) -> Result<Bytes, Error> {
+    if let Some((i, b)) = cached {
+        if *i == idx {
+            return Ok(b.clone());
+        }
+    }
+    let b = file.read_at(idx * stripe, stripe as usize).await?;
+    *cached = Some((idx, b.clone()));
+    Ok(b)
+}
+
 /// Reads from `pos` into `out`, stripe by stripe through `cached`; returns the bytes read
 /// (fewer than `out.len()` only at the end of the file).
-pub(crate) async fn read_into(
+async fn read_into(
     file: &mut File,
     stripe: u64,
     mut pos: u64,
@@ -37,14 +57,7 @@ pub(crate) async fn read_into(
     let mut done = 0;
     while done < out.len() {
         let idx = pos / stripe;
-        let data = match cached {
-            Some((i, b)) if *i == idx => b.clone(),
-            _ => {
-                let b = file.read_at(idx * stripe, stripe as usize).await?;
-                *cached = Some((idx, b.clone()));
-                b
-            }
-        };
+        let data = stripe_at(file, stripe, idx, cached).await?;
         let start = (pos - idx * stripe) as usize;
         if start >= data.len() {
             break;
@@ -71,11 +84,14 @@ pub struct PyFile {
     writable: bool,
     append: bool,
     stripe: u64,
+    sinks: Arc<BytesSinks>,
 }
 
 impl PyFile {
-    pub(crate) fn new(file: File, path: String, mode: String, stripe: u64) -> Self {
+    pub(crate) fn new(mut file: File, path: String, mode: String, stripe: u64) -> Self {
         let (readable, writable, append) = mode_flags(&mode);
+        let sinks = Arc::new(BytesSinks::default());
+        file.set_read_sinks(Arc::new(FileSinks(sinks.clone())));
         Self {
             handle: Mutex::new(Handle {
                 file: Some(file),
@@ -88,6 +104,7 @@ impl PyFile {
             writable,
             append,
             stripe,
+            sinks,
         }
     }
 
@@ -135,9 +152,25 @@ impl PyFile {
             _ => avail,
         };
         let want = usize::try_from(want).map_err(|_| PyValueError::new_err("read too large"))?;
-        let (bytes, buf) = new_bytes(py, want)?;
         let stripe = self.stripe;
         let h = &mut *h;
+        if want > 0 && pos.is_multiple_of(stripe) && want as u64 <= stripe {
+            let data = py.detach(|| {
+                let Handle { file, cached, .. } = &mut *h;
+                let file = file
+                    .as_mut()
+                    .ok_or(Error::BadHandle("anything: it is closed"))?;
+                runtime().block_on(stripe_at(file, stripe, pos / stripe, cached))
+            });
+            let data = data.map_err(at(&self.path))?;
+            if data.len() == want {
+                if let Some(obj) = self.sinks.object(py, &data) {
+                    h.pos += want as u64;
+                    return Ok(obj);
+                }
+            }
+        }
+        let (bytes, buf) = new_bytes(py, want)?;
         let got = py.detach(|| {
             let Handle { file, cached, .. } = h;
             let file = file

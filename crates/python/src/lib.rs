@@ -10,6 +10,7 @@
 mod config;
 mod error;
 mod file;
+mod sink;
 
 use bytes::Bytes;
 use error::{at, to_py};
