@@ -5,7 +5,7 @@
 use crate::route::{unexpected, Key};
 use crate::{Client, Error, File, Result, WriteAck};
 use bytes::Bytes;
-use tessera_placement::{Ino, ROOT_INO};
+use tessera_placement::{meta_partition, placed_ino, Ino, ROOT_INO};
 use tessera_proto::{
     check_name, DirEntry, ErrorCode, FileKind, Inode, Name, Op, Response, SetAttr, Timespec,
     DIR_PAGE_MAX,
@@ -78,11 +78,18 @@ pub struct Usage {
     pub nodes: u32,
 }
 
-fn random_ino() -> Ino {
-    // Numbers are drawn at random and claimed with an exclusive create: unique without a
-    // central allocator. 0 and the root are never drawn.
+/// A number for a new inode of `kind` in directory `parent`. Numbers are drawn at random and
+/// claimed with an exclusive create: unique without a central allocator. A directory's number
+/// hashes, so directories spread over all nodes; anything else is placed in its directory's
+/// partition (`placed_ino`), where its name is, so that create and lookup are one request each.
+fn new_ino(kind: FileKind, parent: Ino, partitions: u32) -> Ino {
+    if kind != FileKind::Dir {
+        let p = meta_partition(parent, partitions);
+        return placed_ino(p, rand::random(), partitions);
+    }
+    // Below PLACED_INO; 0 and the root are never drawn.
     loop {
-        let ino = rand::random::<u64>() >> 1;
+        let ino = rand::random::<u64>() >> 2;
         if ino > ROOT_INO {
             return ino;
         }
@@ -114,28 +121,31 @@ impl Client {
         self.meta_inode(ino, Op::InodeGet { ino }).await
     }
 
-    /// The entry `name` of directory `parent`.
-    pub async fn lookup_entry(&self, parent: Ino, name: &[u8]) -> Result<DirEntry> {
+    /// The entry `name` of directory `parent`, and its inode if it lives with the entry.
+    async fn find(&self, parent: Ino, name: &[u8]) -> Result<(DirEntry, Option<Inode>)> {
         check_name(name)?;
-        match self
-            .meta(
-                parent,
-                Op::DirLookup {
-                    dir: parent,
-                    name: name.to_vec(),
-                },
-            )
-            .await?
-        {
-            Response::Entry(e) => Ok(e),
+        let op = Op::DirLookup {
+            dir: parent,
+            name: name.to_vec(),
+        };
+        match self.meta(parent, op).await? {
+            Response::Found { entry, inode } => Ok((entry, inode)),
             other => Err(unexpected(&other)),
         }
     }
 
-    /// The inode named `name` in directory `parent`.
+    /// The entry `name` of directory `parent`.
+    pub async fn lookup_entry(&self, parent: Ino, name: &[u8]) -> Result<DirEntry> {
+        Ok(self.find(parent, name).await?.0)
+    }
+
+    /// The inode named `name` in directory `parent`: one request for a file placed with its
+    /// directory, two for a directory or a file renamed or linked from elsewhere.
     pub async fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Inode> {
-        let e = self.lookup_entry(parent, name).await?;
-        self.getattr(e.ino).await
+        match self.find(parent, name).await? {
+            (_, Some(inode)) => Ok(inode),
+            (entry, None) => self.getattr(entry.ino).await,
+        }
     }
 
     /// Changes attributes; a new size also cuts or extends the file's data.
@@ -248,10 +258,8 @@ impl Client {
         })
     }
 
-    /// Creates an inode and links it into `parent`; the inode is removed again if the name
-    /// cannot be taken. The inode goes first (one round trip more than doing both at once) so
-    /// that a name, once visible, always leads to an inode: another process that finds the
-    /// name, as all but one of N processes opening one new file do, can open it at once.
+    /// Creates an inode and links it into `parent`. Anything but a directory is placed in the
+    /// directory's partition and created with its name in one request (`DirCreate`).
     async fn make(
         &self,
         parent: Ino,
@@ -262,13 +270,48 @@ impl Client {
         open: bool,
     ) -> Result<Inode> {
         check_name(name)?;
+        if kind == FileKind::Dir {
+            return self.make_dir(parent, name, mode).await;
+        }
+        let partitions = self.router.config().partitions;
+        let mut tries = 0;
+        loop {
+            let ino = new_ino(kind, parent, partitions);
+            let inode = self.new_inode(ino, kind, mode, parent, target.clone(), open);
+            let op = Op::DirCreate {
+                dir: parent,
+                name: name.to_vec(),
+                inode: inode.clone(),
+                mtime: Timespec::now(),
+            };
+            let (r, resent) = self.meta_resent(parent, op).await;
+            let Err(e) = r else { return Ok(inode) };
+            if !e.is(&ErrorCode::Exists) {
+                return Err(e);
+            }
+            // The name is taken or, rarely, the number: the entry tells which.
+            match self.lookup_entry(parent, name).await {
+                // Re-sent after the primary died: our own create, applied.
+                Ok(found) if resent && found.ino == ino => return Ok(inode),
+                Err(nf) if nf.is(&ErrorCode::NotFound) && tries < 8 => tries += 1,
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// A directory's inode lives in a partition of its own (where its entries go), so it is
+    /// created first and named second (the inode is removed again if the name is taken): in
+    /// that order a name, once visible, always leads to an inode.
+    async fn make_dir(&self, parent: Ino, name: &[u8], mode: u32) -> Result<Inode> {
+        let partitions = self.router.config().partitions;
         let mut tries = 0;
         let inode = loop {
-            let inode = self.new_inode(random_ino(), kind, mode, parent, target.clone(), open);
+            let ino = new_ino(FileKind::Dir, parent, partitions);
+            let inode = self.new_inode(ino, FileKind::Dir, mode, parent, Vec::new(), false);
             let op = Op::InodeCreate {
                 inode: inode.clone(),
             };
-            match self.meta_resent(inode.ino, op).await {
+            match self.meta_resent(ino, op).await {
                 (Ok(_), _) => break inode,
                 // Re-sent after the primary died: `Exists` may be our own create, applied.
                 (Err(e), true) if e.is(&ErrorCode::Exists) && self.is_ours(&inode).await => {
@@ -280,10 +323,10 @@ impl Client {
         };
         let entry = DirEntry {
             ino: inode.ino,
-            kind,
+            kind: FileKind::Dir,
         };
         if let Err(e) = self.insert(parent, name, entry, false).await {
-            self.discard(inode.ino, open).await;
+            self.discard(inode.ino, false).await;
             return Err(e);
         }
         Ok(inode)

@@ -25,7 +25,8 @@ pub type NodeId = u32;
 pub type PartitionId = u32;
 /// Partition-table version; every data request carries the epoch it was routed with.
 pub type Epoch = u64;
-/// Inode number (file, directory or symlink id). Chosen at random by clients.
+/// Inode number (file, directory or symlink id). Chosen at random by clients: hashed ones below
+/// 2^62, placed ones (`placed_ino`) with `PLACED_INO` set.
 pub type Ino = u64;
 
 /// Default number of partitions: the bound on how far a cluster can scale out.
@@ -56,10 +57,29 @@ pub fn stripe_partition(file: Ino, stripe: u64, partitions: u32) -> PartitionId 
     (h % u64::from(partitions)) as PartitionId
 }
 
+/// Set in an inode number that names its metadata partition instead of hashing to one.
+pub const PLACED_INO: Ino = 1 << 62;
+
 /// Partition holding the inode of `ino` and, for a directory, all of its entries.
 #[must_use]
 pub fn meta_partition(ino: Ino, partitions: u32) -> PartitionId {
+    assert!(partitions > 0, "a cluster has at least one partition");
+    if ino & PLACED_INO != 0 {
+        return ((ino & !PLACED_INO) % u64::from(partitions)) as PartitionId;
+    }
     stripe_partition(ino, META_STRIPE, partitions)
+}
+
+/// An inode number whose metadata lives in partition `p`, the rest of it from `random`. Files
+/// are placed in their directory's partition, so that creating one (inode and name at once)
+/// and looking one up (name and attributes at once) take one request each; directories hash,
+/// which spreads the namespace over all nodes. The stripes of a placed file hash as any others.
+#[must_use]
+pub fn placed_ino(p: PartitionId, random: u64, partitions: u32) -> Ino {
+    assert!(p < partitions, "partition {p} of {partitions}");
+    // Below 2^61, plus p < 2^32: below 2^62, clear of the flag.
+    let base = random >> 3;
+    PLACED_INO | (base - base % u64::from(partitions) + u64::from(p))
 }
 
 /// The failure domain of servers labelled `label` (a rack, a switch, a host).
@@ -115,6 +135,26 @@ mod tests {
         #[test]
         fn partition_in_range(f in any::<u64>(), s in any::<u64>(), p in 1u32..100_000) {
             prop_assert!(stripe_partition(f, s, p) < p);
+        }
+
+        #[test]
+        fn placed_inodes_land_in_their_partition(
+            random in any::<u64>(),
+            partitions in 1u32..=u32::MAX,
+            at in any::<u32>(),
+        ) {
+            let p = at % partitions;
+            let ino = placed_ino(p, random, partitions);
+            prop_assert_eq!(meta_partition(ino, partitions), p);
+            prop_assert!(ino & PLACED_INO != 0 && ino < 1 << 63);
+        }
+
+        #[test]
+        fn hashed_inodes_hash(ino in 0u64..PLACED_INO, partitions in 1u32..100_000) {
+            prop_assert_eq!(
+                meta_partition(ino, partitions),
+                stripe_partition(ino, META_STRIPE, partitions)
+            );
         }
     }
 

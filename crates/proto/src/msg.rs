@@ -221,7 +221,8 @@ pub enum Op {
         want_dir: Option<bool>,
         mtime: Timespec,
     },
-    /// Reply: `Entry`, or `NotFound`.
+    /// Reply: `Found` (with the inode when it lives in the same partition, as a placed file's
+    /// does), or `NotFound`.
     DirLookup { dir: Ino, name: Name },
     /// Entries of `dir` in name order, after `after`, at most `limit` (capped at
     /// [`DIR_PAGE_MAX`]). Reply: `Entries`.
@@ -242,6 +243,16 @@ pub enum Op {
     /// rmdir's second half: delete directory inode `dir` if it has no entries (`NotEmpty`
     /// otherwise). From then on inserts into it fail with `NotFound`. Reply: `Ok`.
     DirDestroy { dir: Ino },
+    /// `InodeCreate` and an exclusive `DirInsert` of its name, atomically: for an inode placed
+    /// in the directory's partition (`placement::placed_ino`; `Invalid` otherwise). `Exists` if
+    /// the name or the inode number is taken (nothing changes); else as `DirInsert`.
+    /// Reply: `Ok`.
+    DirCreate {
+        dir: Ino,
+        name: Name,
+        inode: Inode,
+        mtime: Timespec,
+    },
     /// Reply: `Stats`.
     NodeStats,
     /// Sent by `node`, which is receiving `partition`, to the partition's primary: the next
@@ -338,6 +349,11 @@ pub enum Response {
         drop_data: bool,
     },
     Entry(DirEntry),
+    /// A looked-up entry and, if it lives in the directory's partition, its inode.
+    Found {
+        entry: DirEntry,
+        inode: Option<Inode>,
+    },
     Replaced(Option<DirEntry>),
     Entries {
         entries: Vec<(Name, DirEntry)>,

@@ -250,7 +250,16 @@ impl RpcClient {
         let _ = stream.set_nodelay(true);
         client_handshake(&mut stream, &cfg.secret)
             .await
-            .map_err(|source| RpcError::Auth { addr, source })?;
+            .map_err(|e| match e {
+                // A peer that vanished mid-handshake is unreachable, not refusing us: the
+                // caller may fail over.
+                AuthError::Io(source) => RpcError::Connect { addr, source },
+                AuthError::Timeout => RpcError::Connect {
+                    addr,
+                    source: std::io::Error::new(std::io::ErrorKind::TimedOut, e.to_string()),
+                },
+                source => RpcError::Auth { addr, source },
+            })?;
         let (rd, wr) = stream.into_split();
         let shared = Arc::new(Shared {
             addr,

@@ -97,6 +97,7 @@ fn is_meta_change(op: &Op) -> bool {
             | Op::DirRemove { .. }
             | Op::DirRename { .. }
             | Op::DirDestroy { .. }
+            | Op::DirCreate { .. }
     )
 }
 
@@ -283,7 +284,8 @@ impl NodeHandler {
             | Op::DirLookup { dir, .. }
             | Op::DirList { dir, .. }
             | Op::DirRename { dir, .. }
-            | Op::DirDestroy { dir } => Some(meta_partition(*dir, p)),
+            | Op::DirDestroy { dir }
+            | Op::DirCreate { dir, .. } => Some(meta_partition(*dir, p)),
             Op::SyncPull { partition, .. } => Some(*partition),
             Op::TruncateStripes { .. } | Op::DropFile { .. } | Op::NodeStats => None,
         }
@@ -509,7 +511,7 @@ impl NodeHandler {
                 .map(|e| (Response::Entry(e), Bytes::new())),
             Op::DirLookup { dir, name } => s
                 .dir_lookup(p, dir, &name)
-                .map(|e| (Response::Entry(e), Bytes::new())),
+                .map(|(entry, inode)| (Response::Found { entry, inode }, Bytes::new())),
             Op::DirList { dir, after, limit } => s
                 .dir_list(p, dir, after, limit)
                 .map(|(entries, more)| (Response::Entries { entries, more }, Bytes::new())),
@@ -523,6 +525,18 @@ impl NodeHandler {
                 .dir_rename(p, dir, from, to, replace, mtime)
                 .map(|r| (Response::Replaced(r), Bytes::new())),
             Op::DirDestroy { dir } => s.dir_destroy(p, dir).map(|()| ok()),
+            Op::DirCreate {
+                dir,
+                name,
+                inode,
+                mtime,
+            } if meta_partition(inode.ino, self.config.partitions) == p => {
+                s.dir_create(p, dir, name, inode, mtime).map(|()| ok())
+            }
+            Op::DirCreate { inode, dir, .. } => Err(ErrorCode::Invalid(format!(
+                "inode {} is not placed with directory {dir}",
+                inode.ino
+            ))),
             Op::NodeStats => Ok((Response::Stats(self.stats()), Bytes::new())),
             Op::SyncPull { .. } => Err(ErrorCode::Invalid("a sync pull is not applied".into())),
         };

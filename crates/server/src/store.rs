@@ -674,13 +674,53 @@ impl Store {
         Ok(e)
     }
 
-    pub fn dir_lookup(&self, p: PartitionId, dir: Ino, name: &[u8]) -> R<DirEntry> {
+    /// The entry `name` of `dir` and, if it lives in this partition too, its inode.
+    pub fn dir_lookup(
+        &self,
+        p: PartitionId,
+        dir: Ino,
+        name: &[u8],
+    ) -> R<(DirEntry, Option<Inode>)> {
         self.meta_op();
         let part = self.part(p)?;
-        part.entries
+        let entry = part
+            .entries
             .get(&(dir, name.to_vec()))
             .copied()
-            .ok_or(ErrorCode::NotFound)
+            .ok_or(ErrorCode::NotFound)?;
+        Ok((entry, part.inodes.get(&entry.ino).cloned()))
+    }
+
+    /// Creates `inode` (placed in this partition: the caller checks) and names it `name` in
+    /// `dir`, at once: the name never leads to a missing inode, nor the inode lacks its name.
+    pub fn dir_create(
+        &self,
+        p: PartitionId,
+        dir: Ino,
+        name: Name,
+        inode: Inode,
+        mtime: Timespec,
+    ) -> R<()> {
+        self.meta_op();
+        check_name(&name)?;
+        let mut part = self.part_mut(p)?;
+        Self::dir_of(&mut part, dir)?;
+        let key = (dir, name);
+        if part.entries.contains_key(&key) || part.inodes.contains_key(&inode.ino) {
+            return Err(ErrorCode::Exists);
+        }
+        let cost = INODE_COST + inode.target.len() as u64 + entry_cost(&key.1);
+        self.charge(cost)?;
+        let entry = DirEntry {
+            ino: inode.ino,
+            kind: inode.kind,
+        };
+        self.inodes.fetch_add(1, Ordering::Relaxed);
+        part.inodes.insert(inode.ino, inode);
+        part.entries.insert(key, entry);
+        let d = Self::dir_of(&mut part, dir)?;
+        Self::touch_dir(d, Some(entry.kind), None, mtime);
+        Ok(())
     }
 
     pub fn dir_list(
@@ -1101,6 +1141,67 @@ mod tests {
     }
 
     #[test]
+    fn create_names_an_inode_at_once_or_changes_nothing() {
+        let s = store(1 << 20);
+        s.inode_create(0, inode(10, FileKind::Dir)).unwrap();
+        let f = inode(20, FileKind::File);
+        s.dir_create(0, 10, b"f".to_vec(), f.clone(), t(1)).unwrap();
+        let entry = DirEntry {
+            ino: 20,
+            kind: FileKind::File,
+        };
+        assert_eq!(s.dir_lookup(0, 10, b"f"), Ok((entry, Some(f.clone()))));
+        assert_eq!(s.inode_get(0, 10).unwrap().mtime, t(1));
+        let used = s.used();
+        // The name taken, the number taken, no directory, not a directory, a bad name.
+        let taken = [
+            (
+                10,
+                b"f".to_vec(),
+                inode(21, FileKind::File),
+                ErrorCode::Exists,
+            ),
+            (
+                10,
+                b"g".to_vec(),
+                inode(20, FileKind::File),
+                ErrorCode::Exists,
+            ),
+            (
+                99,
+                b"g".to_vec(),
+                inode(22, FileKind::File),
+                ErrorCode::NotFound,
+            ),
+            (
+                20,
+                b"g".to_vec(),
+                inode(23, FileKind::File),
+                ErrorCode::NotDir,
+            ),
+        ];
+        for (dir, name, ino, err) in taken {
+            assert_eq!(s.dir_create(0, dir, name, ino, t(2)), Err(err));
+        }
+        assert!(matches!(
+            s.dir_create(0, 10, b"a/b".to_vec(), inode(24, FileKind::File), t(2)),
+            Err(ErrorCode::Invalid(_))
+        ));
+        assert_eq!(s.used(), used, "a refused create reserves nothing");
+        assert_eq!(s.inode_get(0, 10).unwrap().mtime, t(1));
+        for ino in 21..25 {
+            assert_eq!(s.inode_get(0, ino), Err(ErrorCode::NotFound));
+        }
+        let tiny = store(INODE_COST);
+        tiny.inode_create(0, inode(10, FileKind::Dir)).unwrap();
+        assert_eq!(
+            tiny.dir_create(0, 10, b"f".to_vec(), inode(20, FileKind::File), t(1)),
+            Err(ErrorCode::NoSpace)
+        );
+        assert_eq!(tiny.dir_lookup(0, 10, b"f"), Err(ErrorCode::NotFound));
+    }
+
+    #[test]
     fn directory_rules() {
         let s = store(1 << 20);
         let (d, f, sub) = (10, 11, 12);
@@ -1148,7 +1249,11 @@ mod tests {
             s.dir_insert(0, d, b"a/b".to_vec(), file, false, t(2)),
             Err(ErrorCode::Invalid(_))
         ));
-        assert_eq!(s.dir_lookup(0, d, b"f"), Ok(file));
+        assert_eq!(
+            s.dir_lookup(0, d, b"f"),
+            Ok((file, None)),
+            "inode 11 lives elsewhere"
+        );
         assert_eq!(
             s.dir_remove(0, d, b"s".to_vec(), None, Some(false), t(3)),
             Err(ErrorCode::IsDir)
