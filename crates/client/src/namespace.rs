@@ -259,7 +259,8 @@ impl Client {
     }
 
     /// Creates an inode and links it into `parent`. Anything but a directory is placed in the
-    /// directory's partition and created with its name in one request (`DirCreate`).
+    /// directory's partition and created with its name in one request (`DirCreate`), whose
+    /// answer also gives the directory's attributes after the insert (returned second).
     async fn make(
         &self,
         parent: Ino,
@@ -268,10 +269,10 @@ impl Client {
         mode: u32,
         target: Vec<u8>,
         open: bool,
-    ) -> Result<Inode> {
+    ) -> Result<(Inode, Option<Inode>)> {
         check_name(name)?;
         if kind == FileKind::Dir {
-            return self.make_dir(parent, name, mode).await;
+            return Ok((self.make_dir(parent, name, mode).await?, None));
         }
         let partitions = self.router.config().partitions;
         let mut tries = 0;
@@ -285,14 +286,16 @@ impl Client {
                 mtime: Timespec::now(),
             };
             let (r, resent) = self.meta_resent(parent, op).await;
-            let Err(e) = r else { return Ok(inode) };
-            if !e.is(&ErrorCode::Exists) {
-                return Err(e);
-            }
+            let e = match r {
+                Ok(Response::Inode(dir)) => return Ok((inode, Some(dir))),
+                Ok(other) => return Err(unexpected(&other)),
+                Err(e) if e.is(&ErrorCode::Exists) => e,
+                Err(e) => return Err(e),
+            };
             // The name is taken or, rarely, the number: the entry tells which.
             match self.lookup_entry(parent, name).await {
                 // Re-sent after the primary died: our own create, applied.
-                Ok(found) if resent && found.ino == ino => return Ok(inode),
+                Ok(found) if resent && found.ino == ino => return Ok((inode, None)),
                 Err(nf) if nf.is(&ErrorCode::NotFound) && tries < 8 => tries += 1,
                 _ => return Err(e),
             }
@@ -359,22 +362,36 @@ impl Client {
         exclusive: bool,
         opts: &OpenOptions,
     ) -> Result<File> {
+        Ok(self.create_in(parent, name, mode, exclusive, opts).await?.0)
+    }
+
+    /// [`Self::create`], also returning the attributes of `parent` right after the file was
+    /// created in it, when the server reported them (a mount answers the kernel's next look
+    /// at the directory with them).
+    pub async fn create_in(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        exclusive: bool,
+        opts: &OpenOptions,
+    ) -> Result<(File, Option<Inode>)> {
         match self
             .make(parent, name, FileKind::File, mode, Vec::new(), true)
             .await
         {
-            Ok(inode) => Ok(File::new(self.clone(), inode, opts)),
+            Ok((inode, dir)) => Ok((File::new(self.clone(), inode, opts), dir)),
             Err(e) if e.is(&ErrorCode::Exists) && !exclusive => {
                 let entry = self.lookup_entry(parent, name).await?;
-                self.open_ino(entry.ino, opts).await
+                Ok((self.open_ino(entry.ino, opts).await?, None))
             }
             Err(e) => Err(e),
         }
     }
 
     pub async fn mkdir(&self, parent: Ino, name: &[u8], mode: u32) -> Result<Inode> {
-        self.make(parent, name, FileKind::Dir, mode, Vec::new(), false)
-            .await
+        let made = self.make(parent, name, FileKind::Dir, mode, Vec::new(), false);
+        Ok(made.await?.0)
     }
 
     /// A named pipe, socket or device node (the other kinds have their own calls).
@@ -388,7 +405,10 @@ impl Client {
         if matches!(kind, FileKind::File | FileKind::Dir | FileKind::Symlink) {
             return Err(Error::Invalid(format!("mknod does not make a {kind:?}")));
         }
-        self.make(parent, name, kind, mode, Vec::new(), false).await
+        Ok(self
+            .make(parent, name, kind, mode, Vec::new(), false)
+            .await?
+            .0)
     }
 
     pub async fn symlink(&self, parent: Ino, name: &[u8], target: &[u8]) -> Result<Inode> {
@@ -397,15 +417,15 @@ impl Client {
                 "symbolic link target must be 1 to 4096 bytes without NUL".into(),
             ));
         }
-        self.make(
+        let made = self.make(
             parent,
             name,
             FileKind::Symlink,
             0o777,
             target.to_vec(),
             false,
-        )
-        .await
+        );
+        Ok(made.await?.0)
     }
 
     pub async fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {

@@ -28,7 +28,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 use tessera_client::{
     Client, DirEntry, Error, File, FileKind, Inode, Name, OpenOptions, SetAttr, Timespec,
 };
@@ -89,6 +89,7 @@ pub fn mount(
         opts: opts.clone(),
         files: Mutex::default(),
         dirs: Mutex::default(),
+        changed_dirs: Mutex::default(),
         next_fh: AtomicU64::new(1),
         notifier: OnceLock::new(),
     }));
@@ -127,6 +128,9 @@ fn raise_readahead(dir: &Path) {
     }
 }
 
+/// Bound on `Fs::changed_dirs` (stale entries are dropped when it is reached).
+const CHANGED_DIRS_MAX: usize = 4096;
+
 /// A directory's entries as readdir hands them out: name, inode, type.
 type Listing = Vec<(Name, u64, FileType)>;
 
@@ -149,6 +153,10 @@ struct Fs {
     files: Mutex<HashMap<u64, Arc<OpenFile>>>,
     /// Open directories: a snapshot of the entries (with `.` and `..`) taken at opendir.
     dirs: Mutex<HashMap<u64, Arc<Listing>>>,
+    /// Directories as the server returned them after a create in them through this mount,
+    /// and when. A create makes the kernel drop the directory's cached attributes and ask
+    /// again (it needs the mode to check the next create); within `attr_ttl`, those answer.
+    changed_dirs: Mutex<HashMap<u64, (Inode, Instant)>>,
     next_fh: AtomicU64,
     /// Set once the session runs; drops the kernel's cached attributes at open.
     notifier: OnceLock<fuser::Notifier>,
@@ -245,6 +253,36 @@ impl Fs {
             i.size = i.size.max(f.unpublished.load(Ordering::Relaxed));
         }
         i
+    }
+
+    /// The directory `ino` as this mount last changed it, if that was within `attr_ttl`.
+    fn changed_dir(&self, ino: u64) -> Option<Inode> {
+        let dirs = self
+            .changed_dirs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (dir, at) = dirs.get(&ino)?;
+        (at.elapsed() < self.opts.attr_ttl).then(|| dir.clone())
+    }
+
+    fn dir_changed(&self, ino: u64, now: Option<Inode>) {
+        let mut dirs = self
+            .changed_dirs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match now {
+            Some(dir) => {
+                if dirs.len() >= CHANGED_DIRS_MAX {
+                    let ttl = self.opts.attr_ttl;
+                    dirs.retain(|_, (_, at)| at.elapsed() < ttl);
+                }
+                dirs.insert(ino, (dir, Instant::now()));
+            }
+            // Changed in a way whose outcome we were not told: ask the server next time.
+            None => {
+                dirs.remove(&ino);
+            }
+        }
     }
 
     /// A truncate sets the size, whatever open handles wrote before it.
@@ -376,6 +414,9 @@ impl Filesystem for TesseraFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        if let Some(dir) = self.0.changed_dir(ino.0) {
+            return self.0.attr_reply(reply, Ok(dir));
+        }
         self.spawn(move |fs| async move {
             let r = match fh.and_then(|fh| fs.file(fh)) {
                 // An open handle knows of writes not yet published.
@@ -427,6 +468,7 @@ impl Filesystem for TesseraFs {
                 fs.client.setattr(ino.0, attr).await
             }
             .await;
+            fs.dir_changed(ino.0, None);
             fs.attr_reply(reply, r);
         });
     }
@@ -477,6 +519,7 @@ impl Filesystem for TesseraFs {
                     .await
                 }
             };
+            fs.dir_changed(parent.0, None);
             fs.entry(reply, r);
         });
     }
@@ -493,6 +536,7 @@ impl Filesystem for TesseraFs {
         let (name, client) = (self::name(name), self.0.caller(req));
         self.spawn(move |fs| async move {
             let r = client.mkdir(parent.0, &name, mode & !umask).await;
+            fs.dir_changed(parent.0, None);
             fs.entry(reply, r);
         });
     }
@@ -500,14 +544,18 @@ impl Filesystem for TesseraFs {
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = self::name(name);
         self.spawn(move |fs| async move {
-            Fs::empty(reply, fs.client.unlink(parent.0, &name).await);
+            let r = fs.client.unlink(parent.0, &name).await;
+            fs.dir_changed(parent.0, None);
+            Fs::empty(reply, r);
         });
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = self::name(name);
         self.spawn(move |fs| async move {
-            Fs::empty(reply, fs.client.rmdir(parent.0, &name).await);
+            let r = fs.client.rmdir(parent.0, &name).await;
+            fs.dir_changed(parent.0, None);
+            Fs::empty(reply, r);
         });
     }
 
@@ -523,6 +571,7 @@ impl Filesystem for TesseraFs {
         let target = target.as_os_str().as_bytes().to_vec();
         self.spawn(move |fs| async move {
             let r = client.symlink(parent.0, &name, &target).await;
+            fs.dir_changed(parent.0, None);
             fs.entry(reply, r);
         });
     }
@@ -547,6 +596,8 @@ impl Filesystem for TesseraFs {
                 .client
                 .rename(parent.0, &name, newparent.0, &newname, noreplace)
                 .await;
+            fs.dir_changed(parent.0, None);
+            fs.dir_changed(newparent.0, None);
             Fs::empty(reply, r);
         });
     }
@@ -562,6 +613,7 @@ impl Filesystem for TesseraFs {
         let newname = self::name(newname);
         self.spawn(move |fs| async move {
             let r = fs.client.link(ino.0, newparent.0, &newname).await;
+            fs.dir_changed(newparent.0, None);
             fs.entry(reply, r);
         });
     }
@@ -601,8 +653,12 @@ impl Filesystem for TesseraFs {
         let mode = mode & !umask;
         self.spawn(move |fs| async move {
             let opts = open_options(flags, mode);
-            match client.create(parent.0, &name, mode, exclusive, &opts).await {
-                Ok(f) => {
+            match client
+                .create_in(parent.0, &name, mode, exclusive, &opts)
+                .await
+            {
+                Ok((f, dir)) => {
+                    fs.dir_changed(parent.0, dir);
                     let attr = fs.attr(&f.attr());
                     let fh = fs.keep(f, flags);
                     let ttl = fs.opts.attr_ttl;
@@ -676,6 +732,15 @@ impl Filesystem for TesseraFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        // Every close(2) sends one. With nothing written since the last publish it has nothing
+        // to wait for: answered here, without the hop to the runtime.
+        if let Some(h) = self.0.file(fh) {
+            if h.unpublished.load(Ordering::Relaxed) == 0 {
+                if let Ok(mut f) = h.file.try_lock() {
+                    return Fs::empty(reply, self.0.rt.block_on(f.flush()));
+                }
+            }
+        }
         self.spawn(move |fs| async move { fs.flush_handle(fh, reply).await });
     }
 

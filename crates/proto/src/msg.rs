@@ -246,7 +246,7 @@ pub enum Op {
     /// `InodeCreate` and an exclusive `DirInsert` of its name, atomically: for an inode placed
     /// in the directory's partition (`placement::placed_ino`; `Invalid` otherwise). `Exists` if
     /// the name or the inode number is taken (nothing changes); else as `DirInsert`.
-    /// Reply: `Ok`.
+    /// Reply: `Inode`, the directory after the insert.
     DirCreate {
         dir: Ino,
         name: Name,

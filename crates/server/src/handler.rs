@@ -528,10 +528,10 @@ impl NodeHandler {
             Op::DirCreate {
                 dir,
                 name,
-                inode,
+                inode: file,
                 mtime,
-            } if meta_partition(inode.ino, self.config.partitions) == p => {
-                s.dir_create(p, dir, name, inode, mtime).map(|()| ok())
+            } if meta_partition(file.ino, self.config.partitions) == p => {
+                s.dir_create(p, dir, name, file, mtime).map(inode)
             }
             Op::DirCreate { inode, dir, .. } => Err(ErrorCode::Invalid(format!(
                 "inode {} is not placed with directory {dir}",

@@ -692,7 +692,7 @@ impl Store {
     }
 
     /// Creates `inode` (placed in this partition: the caller checks) and names it `name` in
-    /// `dir`, at once: the name never leads to a missing inode, nor the inode lacks its name.
+    /// `dir`, at once; returns the directory as it is now: the name never leads to a missing inode, nor the inode lacks its name.
     pub fn dir_create(
         &self,
         p: PartitionId,
@@ -700,7 +700,7 @@ impl Store {
         name: Name,
         inode: Inode,
         mtime: Timespec,
-    ) -> R<()> {
+    ) -> R<Inode> {
         self.meta_op();
         check_name(&name)?;
         let mut part = self.part_mut(p)?;
@@ -720,7 +720,7 @@ impl Store {
         part.entries.insert(key, entry);
         let d = Self::dir_of(&mut part, dir)?;
         Self::touch_dir(d, Some(entry.kind), None, mtime);
-        Ok(())
+        Ok(d.clone())
     }
 
     pub fn dir_list(
@@ -1145,7 +1145,8 @@ mod tests {
         let s = store(1 << 20);
         s.inode_create(0, inode(10, FileKind::Dir)).unwrap();
         let f = inode(20, FileKind::File);
-        s.dir_create(0, 10, b"f".to_vec(), f.clone(), t(1)).unwrap();
+        let d = s.dir_create(0, 10, b"f".to_vec(), f.clone(), t(1)).unwrap();
+        assert_eq!(d, s.inode_get(0, 10).unwrap());
         let entry = DirEntry {
             ino: 20,
             kind: FileKind::File,
