@@ -22,7 +22,7 @@ mod route;
 pub use error::Error;
 pub use file::{File, ReadSinks};
 pub use namespace::{OpenOptions, Usage};
-pub use tessera_proto::{DirEntry, ErrorCode, FileKind, Inode, Name, SetAttr, Timespec};
+pub use tessera_proto::{DirEntry, ErrorCode, FileKind, Inode, Listed, Name, SetAttr, Timespec};
 
 use route::Router;
 use std::net::SocketAddr;

@@ -7,7 +7,7 @@ use crate::{Client, Error, File, Result, WriteAck};
 use bytes::Bytes;
 use tessera_placement::{meta_partition, placed_ino, Ino, ROOT_INO};
 use tessera_proto::{
-    check_name, DirEntry, ErrorCode, FileKind, Inode, Name, Op, Response, SetAttr, Timespec,
+    check_name, DirEntry, ErrorCode, FileKind, Inode, Listed, Op, Response, SetAttr, Timespec,
     DIR_PAGE_MAX,
 };
 use tracing::warn;
@@ -162,13 +162,14 @@ impl Client {
         Ok(inode)
     }
 
-    /// One page of a directory's entries, in name order, after `after`.
+    /// One page of a directory's entries, in name order, after `after`, with the inodes that
+    /// live with them.
     pub async fn readdir(
         &self,
         dir: Ino,
         after: Option<&[u8]>,
         limit: u32,
-    ) -> Result<(Vec<(Name, DirEntry)>, bool)> {
+    ) -> Result<(Vec<Listed>, bool)> {
         let op = Op::DirList {
             dir,
             after: after.map(<[u8]>::to_vec),
@@ -180,11 +181,11 @@ impl Client {
         }
     }
 
-    /// All entries of a directory.
-    pub async fn readdir_all(&self, dir: Ino) -> Result<Vec<(Name, DirEntry)>> {
-        let mut all: Vec<(Name, DirEntry)> = Vec::new();
+    /// All entries of a directory, with the inodes that live with them.
+    pub async fn readdir_all(&self, dir: Ino) -> Result<Vec<Listed>> {
+        let mut all: Vec<Listed> = Vec::new();
         loop {
-            let after = all.last().map(|(n, _)| n.as_slice());
+            let after = all.last().map(|(n, _, _)| n.as_slice());
             let (page, more) = self.readdir(dir, after, DIR_PAGE_MAX).await?;
             all.extend(page);
             if !more {

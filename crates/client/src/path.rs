@@ -218,10 +218,16 @@ impl Client {
             return Err(ErrorCode::NotDir.into());
         }
         let entries = self.readdir_all(dir.ino).await?;
-        let attrs =
-            futures::future::join_all(entries.iter().map(|(_, e)| self.getattr(e.ino))).await;
+        // Files placed with their names came with the listing; the others are asked for.
+        let attrs = futures::future::join_all(entries.iter().map(|(_, e, inode)| async move {
+            match inode {
+                Some(i) => Ok(i.clone()),
+                None => self.getattr(e.ino).await,
+            }
+        }))
+        .await;
         let mut out = Vec::with_capacity(entries.len());
-        for ((name, _), attr) in entries.into_iter().zip(attrs) {
+        for ((name, _, _), attr) in entries.into_iter().zip(attrs) {
             match attr {
                 Ok(a) => out.push((String::from_utf8_lossy(&name).into_owned(), a)),
                 // Removed while we listed: leave it out, as a later listing would.
@@ -265,12 +271,12 @@ impl Client {
                 stack.extend(
                     entries
                         .iter()
-                        .filter(|(_, e)| e.kind == FileKind::Dir)
-                        .map(|(_, e)| (e.ino, false)),
+                        .filter(|(_, e, _)| e.kind == FileKind::Dir)
+                        .map(|(_, e, _)| (e.ino, false)),
                 );
                 continue;
             }
-            futures::future::try_join_all(entries.iter().map(|(n, e)| async move {
+            futures::future::try_join_all(entries.iter().map(|(n, e, _)| async move {
                 if e.kind == FileKind::Dir {
                     self.rmdir(d, n).await
                 } else {

@@ -29,9 +29,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
-use tessera_client::{
-    Client, DirEntry, Error, File, FileKind, Inode, Name, OpenOptions, SetAttr, Timespec,
-};
+use tessera_client::{Client, Error, File, FileKind, Inode, Name, OpenOptions, SetAttr, Timespec};
 use tokio::runtime::Handle;
 
 /// How to mount.
@@ -131,8 +129,12 @@ fn raise_readahead(dir: &Path) {
 /// Bound on `Fs::changed_dirs` (stale entries are dropped when it is reached).
 const CHANGED_DIRS_MAX: usize = 4096;
 
-/// A directory's entries as readdir hands them out: name, inode, type.
-type Listing = Vec<(Name, u64, FileType)>;
+/// A directory's entries as readdir hands them out (name, inode, type), snapshotted at opendir
+/// with the attributes that came with them (placed files), and when.
+struct Listing {
+    entries: Vec<(Name, u64, FileType, Option<Inode>)>,
+    at: Instant,
+}
 
 /// An open file. `sync` is O_SYNC/O_DSYNC: every write is stored before it returns.
 struct OpenFile {
@@ -822,14 +824,18 @@ impl Filesystem for TesseraFs {
             let r = async {
                 let dir = fs.client.getattr(ino.0).await?;
                 let entries = fs.client.readdir_all(ino.0).await?;
-                let mut list: Listing = Vec::with_capacity(entries.len() + 2);
-                list.push((b".".to_vec(), dir.ino, FileType::Directory));
-                list.push((b"..".to_vec(), dir.parent.max(1), FileType::Directory));
+                let mut list = Vec::with_capacity(entries.len() + 2);
+                list.push((b".".to_vec(), dir.ino, FileType::Directory, None));
+                list.push((b"..".to_vec(), dir.parent.max(1), FileType::Directory, None));
                 list.extend(
                     entries
                         .into_iter()
-                        .map(|(n, e): (Name, DirEntry)| (n, e.ino, file_type(e.kind))),
+                        .map(|(n, e, inode)| (n, e.ino, file_type(e.kind), inode)),
                 );
+                let list = Listing {
+                    entries: list,
+                    at: Instant::now(),
+                };
                 Ok::<_, Error>(list)
             }
             .await;
@@ -858,7 +864,7 @@ impl Filesystem for TesseraFs {
         let Some(list) = self.0.listing(fh) else {
             return reply.error(Errno::EBADF);
         };
-        for (i, (name, ino, kind)) in list.iter().enumerate().skip(offset as usize) {
+        for (i, (name, ino, kind, _)) in list.entries.iter().enumerate().skip(offset as usize) {
             if reply.add(INodeNo(*ino), i as u64 + 1, *kind, OsStr::from_bytes(name)) {
                 break;
             }
@@ -883,24 +889,33 @@ impl Filesystem for TesseraFs {
         };
         self.spawn(move |fs| async move {
             let ttl = fs.opts.attr_ttl;
+            // Attributes that came with the listing serve while they are as young as the
+            // kernel may keep them; older ones are asked for again.
+            let fresh = list.at.elapsed() < ttl;
+            let list = &list.entries;
             let mut next = offset as usize;
             while next < list.len() {
                 let batch = &list[next..list.len().min(next + BATCH)];
-                let attrs = futures::future::join_all(batch.iter().map(|(name, ino, _)| {
-                    let fs = &fs;
-                    async move {
-                        if name == b"." || name == b".." {
-                            // The kernel takes no attributes from these two.
-                            let dir = Inode::new(*ino, FileKind::Dir, 0o755, 0, 0, 1, Vec::new());
-                            return Some(fs.attr(&dir));
+                let attrs =
+                    futures::future::join_all(batch.iter().map(|(name, ino, _, listed)| {
+                        let fs = &fs;
+                        async move {
+                            if name == b"." || name == b".." {
+                                // The kernel takes no attributes from these two.
+                                let dir =
+                                    Inode::new(*ino, FileKind::Dir, 0o755, 0, 0, 1, Vec::new());
+                                return Some(fs.attr(&dir));
+                            }
+                            if let Some(i) = listed.as_ref().filter(|_| fresh) {
+                                return Some(fs.attr(&fs.local(i.clone())));
+                            }
+                            // An entry deleted since opendir is left out.
+                            let i = fs.client.getattr(*ino).await.ok()?;
+                            Some(fs.attr(&fs.local(i)))
                         }
-                        // An entry deleted since opendir is left out.
-                        let i = fs.client.getattr(*ino).await.ok()?;
-                        Some(fs.attr(&fs.local(i)))
-                    }
-                }))
-                .await;
-                for (k, ((name, ino, _), attr)) in batch.iter().zip(attrs).enumerate() {
+                    }))
+                    .await;
+                for (k, ((name, ino, _, _), attr)) in batch.iter().zip(attrs).enumerate() {
                     let Some(attr) = attr else { continue };
                     let off = (next + k + 1) as u64;
                     let name = OsStr::from_bytes(name);

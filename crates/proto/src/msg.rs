@@ -12,6 +12,14 @@ pub type Name = Vec<u8>;
 pub const NAME_MAX: usize = 255;
 /// Largest number of entries a server returns for one [`Op::DirList`].
 pub const DIR_PAGE_MAX: u32 = 1024;
+/// Inodes carried in one page of a listing, at most this many bytes of them (symlink targets
+/// make them long); the rest of the page's entries come without.
+pub const DIR_PAGE_INODE_BYTES: usize = 256 << 10;
+
+/// A listed directory entry: name, entry, and its inode when that lives in the directory's
+/// partition (a placed file; see `placement::placed_ino`), so a listing with attributes costs
+/// no request per file.
+pub type Listed = (Name, DirEntry, Option<Inode>);
 
 /// A point in time with nanoseconds, as POSIX timestamps are.
 #[derive(
@@ -225,7 +233,8 @@ pub enum Op {
     /// does), or `NotFound`.
     DirLookup { dir: Ino, name: Name },
     /// Entries of `dir` in name order, after `after`, at most `limit` (capped at
-    /// [`DIR_PAGE_MAX`]). Reply: `Entries`.
+    /// [`DIR_PAGE_MAX`]). Reply: `Entries`, with the inodes held here (up to
+    /// [`DIR_PAGE_INODE_BYTES`] of them).
     DirList {
         dir: Ino,
         after: Option<Name>,
@@ -356,7 +365,7 @@ pub enum Response {
     },
     Replaced(Option<DirEntry>),
     Entries {
-        entries: Vec<(Name, DirEntry)>,
+        entries: Vec<Listed>,
         more: bool,
     },
     Stats(NodeStats),

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use tessera_placement::{Ino, PartitionId};
 use tessera_proto::{
-    check_name, BufferPool, DirEntry, ErrorCode, FileKind, Inode, Name, SetAttr, SyncItem,
-    Timespec, DIR_PAGE_MAX,
+    check_name, BufferPool, DirEntry, ErrorCode, FileKind, Inode, Listed, Name, SetAttr, SyncItem,
+    Timespec, DIR_PAGE_INODE_BYTES, DIR_PAGE_MAX,
 };
 
 /// Bytes charged for an inode and for a directory entry beyond its name: rough, but it keeps a
@@ -729,7 +729,7 @@ impl Store {
         dir: Ino,
         after: Option<Name>,
         limit: u32,
-    ) -> R<(Vec<(Name, DirEntry)>, bool)> {
+    ) -> R<(Vec<Listed>, bool)> {
         use std::ops::Bound::{Excluded, Included, Unbounded};
         self.meta_op();
         let mut part = self.part(p)?;
@@ -743,10 +743,16 @@ impl Store {
             Some(next) => Excluded((next, Vec::new())),
             None => Unbounded,
         };
-        let mut it = part
-            .entries
-            .range((start, end))
-            .map(|((_, n), e)| (n.clone(), *e));
+        let mut budget = DIR_PAGE_INODE_BYTES;
+        let mut it = part.entries.range((start, end)).map(|((_, n), e)| {
+            let inode = part.inodes.get(&e.ino).filter(|i| {
+                let size = INODE_COST as usize + i.target.len();
+                let fits = size <= budget;
+                budget = budget.saturating_sub(size);
+                fits
+            });
+            (n.clone(), *e, inode.cloned())
+        });
         let page: Vec<_> = it.by_ref().take(limit).collect();
         let more = it.next().is_some();
         Ok((page, more))
@@ -1321,8 +1327,11 @@ mod tests {
         loop {
             let (page, more) = s.dir_list(0, 20, after.clone(), 10).unwrap();
             assert!(page.len() <= 10);
-            after = page.last().map(|(n, _)| n.clone());
-            names.extend(page.into_iter().map(|(n, _)| String::from_utf8(n).unwrap()));
+            after = page.last().map(|(n, _, _)| n.clone());
+            names.extend(
+                page.into_iter()
+                    .map(|(n, _, _)| String::from_utf8(n).unwrap()),
+            );
             if !more {
                 break;
             }
@@ -1330,5 +1339,42 @@ mod tests {
         let want: Vec<_> = (0..25).map(|i| format!("n{i:02}")).collect();
         assert_eq!(names, want);
         assert_eq!(s.dir_list(0, 99, None, 10), Err(ErrorCode::NotFound));
+    }
+
+    #[test]
+    fn listings_carry_the_inodes_held_with_them_up_to_a_budget() {
+        let s = store(1 << 30);
+        s.inode_create(0, inode(10, FileKind::Dir)).unwrap();
+        // A file placed here, one whose inode lives elsewhere, and symlinks with long targets.
+        s.dir_create(0, 10, b"a".to_vec(), inode(11, FileKind::File), t(1))
+            .unwrap();
+        let away = DirEntry {
+            ino: 12,
+            kind: FileKind::File,
+        };
+        s.dir_insert(0, 10, b"b".to_vec(), away, false, t(1))
+            .unwrap();
+        let links = 2 * DIR_PAGE_INODE_BYTES / 4096;
+        for i in 0..links as u64 {
+            let mut l = inode(100 + i, FileKind::Symlink);
+            l.target = vec![b'x'; 4096];
+            s.dir_create(0, 10, format!("l{i:04}").into_bytes(), l, t(1))
+                .unwrap();
+        }
+        let (page, _) = s.dir_list(0, 10, None, DIR_PAGE_MAX).unwrap();
+        assert_eq!(page[0].2, Some(inode(11, FileKind::File)));
+        assert_eq!((page[1].1, page[1].2.clone()), (away, None));
+        let with: Vec<_> = page[2..].iter().map(|(_, _, i)| i.is_some()).collect();
+        assert!(
+            with[0] && !with[with.len() - 1],
+            "the budget stops inodes, not entries"
+        );
+        assert_eq!(with.len(), links);
+        let carried: usize = page
+            .iter()
+            .filter_map(|(_, _, i)| i.as_ref())
+            .map(|i| i.target.len())
+            .sum();
+        assert!(carried <= DIR_PAGE_INODE_BYTES);
     }
 }
