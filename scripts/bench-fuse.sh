@@ -4,14 +4,17 @@
 # cluster with 4 servers, in one run; prints a table with Tessera's ratios to both.
 # Usage: scripts/bench-fuse.sh [SIZE]   (fio file size, default 4G)
 # Environment: OUT (JSON results, default /tmp/bench-fuse.json), MOUNT_ARGS (extra flags for
-# `tessera mount`, e.g. "--writeback-cache").
+# `tessera mount`, e.g. "--writeback-cache"), PHASES ("io,meta" by default; "meta": the
+# metadata test only), TESSERA_BIN (another tessera binary, e.g. an older build to compare).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size=${1:-4G}
 command -v fio >/dev/null && command -v bindfs >/dev/null ||
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q fio bindfs >/dev/null
-cargo build -q --release --locked -p tessera-cli
-bin=$PWD/target/release/tessera
+if [ -z "${TESSERA_BIN:-}" ]; then
+  cargo build -q --release --locked -p tessera-cli
+fi
+bin=${TESSERA_BIN:-$PWD/target/release/tessera}
 
 . scripts/lib/scratch.sh tessera-bench-fuse
 mkdir -p "$work/tmpfs" "$work/bindfs" "$work/mnt"
