@@ -1,15 +1,10 @@
 //! A client keeps working across a partition-table change: real storage servers, a scripted
 //! manager whose table epoch the test advances, and a client that must refresh and retry.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
 use tessera_client::{Client, ClientOptions, OpenOptions};
-use tessera_proto::{serve, ClusterConfig, RpcConfig, Secret};
+use tessera_proto::ClusterConfig;
 
 mod support;
-
-use support::FakeManager;
 
 const SECRET: &str = "epochs";
 const CONFIG: ClusterConfig = ClusterConfig {
@@ -18,24 +13,9 @@ const CONFIG: ClusterConfig = ClusterConfig {
     replication: 1,
 };
 
-fn rpc() -> RpcConfig {
-    support::rpc(SECRET)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_follows_a_new_epoch_without_errors() {
-    let manager = Arc::new(FakeManager::new(CONFIG));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let maddr: SocketAddr = listener.local_addr().unwrap();
-    tokio::spawn(serve(listener, Arc::new(rpc()), manager.clone()));
-    let mut servers = Vec::new();
-    for i in 0..2 {
-        let listen = format!("127.0.0.{}:0", i + 2).parse().unwrap();
-        let mut opts =
-            tessera_server::ServerOptions::new(listen, maddr, Secret::new(SECRET), 256 << 20);
-        opts.heartbeat = Duration::from_millis(100);
-        servers.push(tessera_server::start(opts).await.unwrap());
-    }
+    let (manager, maddr, _servers) = support::start(CONFIG, SECRET, 2).await;
     manager.publish_assigned(1);
     let first = manager.table();
     support::create_root(&first, SECRET).await;

@@ -1,16 +1,11 @@
 //! Files are placed with their names (one request to create, one to look up); directories
 //! hash. Real storage servers and a scripted manager.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
 use tessera_client::{Client, ClientOptions, Error, ErrorCode, OpenOptions};
 use tessera_placement::{meta_partition, PLACED_INO};
-use tessera_proto::{serve, ClusterConfig, Secret};
+use tessera_proto::ClusterConfig;
 
 mod support;
-
-use support::FakeManager;
 
 const SECRET: &str = "placement";
 const CONFIG: ClusterConfig = ClusterConfig {
@@ -21,22 +16,7 @@ const CONFIG: ClusterConfig = ClusterConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_live_with_their_names_and_survive_renames_and_links() {
-    let manager = Arc::new(FakeManager::new(CONFIG));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let maddr: SocketAddr = listener.local_addr().unwrap();
-    tokio::spawn(serve(
-        listener,
-        Arc::new(support::rpc(SECRET)),
-        manager.clone(),
-    ));
-    let mut servers = Vec::new();
-    for i in 0..3 {
-        let listen = format!("127.0.0.{}:0", i + 2).parse().unwrap();
-        let mut opts =
-            tessera_server::ServerOptions::new(listen, maddr, Secret::new(SECRET), 256 << 20);
-        opts.heartbeat = Duration::from_millis(100);
-        servers.push(tessera_server::start(opts).await.unwrap());
-    }
+    let (manager, maddr, _servers) = support::start(CONFIG, SECRET, 3).await;
     let table = manager.publish_assigned(1);
     support::create_root(&table, SECRET).await;
     let c = Client::connect(ClientOptions::new(maddr, SECRET))

@@ -1161,34 +1161,16 @@ mod tests {
         assert_eq!(s.inode_get(0, 10).unwrap().mtime, t(1));
         let used = s.used();
         // The name taken, the number taken, no directory, not a directory, a bad name.
-        let taken = [
-            (
-                10,
-                b"f".to_vec(),
-                inode(21, FileKind::File),
-                ErrorCode::Exists,
-            ),
-            (
-                10,
-                b"g".to_vec(),
-                inode(20, FileKind::File),
-                ErrorCode::Exists,
-            ),
-            (
-                99,
-                b"g".to_vec(),
-                inode(22, FileKind::File),
-                ErrorCode::NotFound,
-            ),
-            (
-                20,
-                b"g".to_vec(),
-                inode(23, FileKind::File),
-                ErrorCode::NotDir,
-            ),
+        let refused = [
+            (10, "f", 21, ErrorCode::Exists),
+            (10, "g", 20, ErrorCode::Exists),
+            (99, "g", 22, ErrorCode::NotFound),
+            (20, "g", 23, ErrorCode::NotDir),
         ];
-        for (dir, name, ino, err) in taken {
-            assert_eq!(s.dir_create(0, dir, name, ino, t(2)), Err(err));
+        for (dir, name, ino, err) in refused {
+            let file = inode(ino, FileKind::File);
+            let got = s.dir_create(0, dir, name.as_bytes().to_vec(), file, t(2));
+            assert_eq!(got, Err(err));
         }
         assert!(matches!(
             s.dir_create(0, 10, b"a/b".to_vec(), inode(24, FileKind::File), t(2)),

@@ -2,13 +2,40 @@
 #![allow(dead_code)] // each test file uses part of it
 
 use bytes::Bytes;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tessera_placement::{assign, meta_partition, NodeId, NodeWeight, PartitionTable, ROOT_INO};
 use tessera_proto::{
-    BufferPool, ClusterConfig, ErrorCode, FileKind, Handler, Inode, NodeAddr, Op, Reply, Request,
-    Response, RpcClient, RpcConfig, Secret, TableInfo,
+    serve, BufferPool, ClusterConfig, ErrorCode, FileKind, Handler, Inode, NodeAddr, Op, Reply,
+    Request, Response, RpcClient, RpcConfig, Secret, TableInfo,
 };
+
+/// A scripted manager on 127.0.0.1 and `servers` real storage servers on 127.0.0.2 on, which
+/// register with it; the test then publishes tables.
+pub async fn start(
+    config: ClusterConfig,
+    secret: &str,
+    servers: u8,
+) -> (
+    Arc<FakeManager>,
+    SocketAddr,
+    Vec<tessera_server::RunningServer>,
+) {
+    let manager = Arc::new(FakeManager::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let maddr = listener.local_addr().unwrap();
+    tokio::spawn(serve(listener, Arc::new(rpc(secret)), manager.clone()));
+    let mut running = Vec::new();
+    for i in 0..servers {
+        let listen = format!("127.0.0.{}:0", i + 2).parse().unwrap();
+        let mut opts =
+            tessera_server::ServerOptions::new(listen, maddr, Secret::new(secret), 256 << 20);
+        opts.heartbeat = Duration::from_millis(100);
+        running.push(tessera_server::start(opts).await.unwrap());
+    }
+    (manager, maddr, running)
+}
 
 pub fn rpc(secret: &str) -> RpcConfig {
     RpcConfig::new(Secret::new(secret), Arc::new(BufferPool::new(1 << 20, 8)))
