@@ -22,7 +22,9 @@ pub use rpc::{
     serve, serve_connection, Handler, Reply, RpcClient, RpcConfig, RpcError, Sink, Waiter,
 };
 
-/// Version of the protocol spoken by this build; both ends must agree.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Version of the protocol spoken by this build; both ends must agree. Raise it with any change
+/// to the messages or to what inode numbers mean (2: placed inodes, `DirCreate`, listings and
+/// look-ups carrying inodes).
+pub const PROTOCOL_VERSION: u16 = 2;
 /// First bytes of every connection.
 pub const MAGIC: [u8; 4] = *b"TSRA";
