@@ -411,9 +411,9 @@ impl File {
     }
 
     /// The bytes of `seg` from `parts`, fetched reads covering it (a read ahead covers the
-    /// whole stripe, up to the end of the file): slices of the answers, each with where it starts in `seg`, in order.
-    /// A part that failed is read again from another replica; parts outside `seg` are not
-    /// waited for.
+    /// whole stripe, up to the end of the file): slices of the answers, each with where it
+    /// starts in `seg`, in order. A part that failed is read again from another replica;
+    /// parts outside `seg` are not waited for.
     async fn finish_fetch(
         &self,
         seg: &Segment,

@@ -6,8 +6,8 @@
 //! kernel's. Other reads copy from it once into the `bytes` object they return. The last stripe
 //! read is kept, so small reads (a CSV parser's 64 KiB, a Parquet footer) cost a memory copy,
 //! not a round trip each; the client's read-ahead keeps the next stripes in flight on
-//! sequential reads. Writes are copied once, into the client's stripe
-//! buffers. Every call releases the GIL while it waits for the cluster.
+//! sequential reads. Writes are copied once, into the client's stripe buffers. Every call
+//! releases the GIL while it waits for the cluster.
 
 use crate::error::{at, to_py};
 use crate::sink::{BytesSinks, FileSinks};

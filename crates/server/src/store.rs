@@ -692,7 +692,8 @@ impl Store {
     }
 
     /// Creates `inode` (placed in this partition: the caller checks) and names it `name` in
-    /// `dir`, at once; returns the directory as it is now: the name never leads to a missing inode, nor the inode lacks its name.
+    /// `dir`, at once, so the name never leads to a missing inode nor the inode lacks its
+    /// name. Returns the directory as it is now.
     pub fn dir_create(
         &self,
         p: PartitionId,
