@@ -1,6 +1,7 @@
 """FUSE benchmark driver (run by scripts/bench-fuse.sh): fio sequential 1 MiB write and read,
-random 4 KiB reads, and a metadata test (creates, stats, unlinks per second from 1 and 4
-processes) on each directory given, printed as a table with ratios to the first ones.
+random 4 KiB reads, a `dd` write of the same size (a write-only open), and a metadata test
+(creates, stats, unlinks per second from 1 and 4 processes) on each directory given, printed as
+a table with ratios to the first ones.
 
 Usage: python3 scripts/bench_fuse.py SIZE NAME=DIR [NAME=DIR ...]
 Environment: PHASES (default "io,meta"): "meta" alone skips fio.
@@ -28,6 +29,21 @@ def fio(directory: str, rw: str, bs: str, size: str, extra: list[str]) -> dict[s
     job = json.loads(out[out.index("{"):])["jobs"][0]
     side = job["write"] if rw == "write" else job["read"]
     return {"GB/s": side["bw_bytes"] / 1e9, "IOPS": side["iops"]}
+
+
+def dd_write(directory: str, size: str) -> float:
+    """GB/s of `dd` writing SIZE in 1 MiB blocks: a program writing its output opens it
+    write-only (fio's jobs open read-write)."""
+    mib = int(size.rstrip("G")) * 1024 if size.endswith("G") else int(size.rstrip("M"))
+    path = os.path.join(directory, "dd.dat")
+    t = time.perf_counter()
+    subprocess.run(
+        ["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={mib}", "conv=fsync"],
+        check=True, capture_output=True,
+    )
+    dt = time.perf_counter() - t
+    os.unlink(path)
+    return mib * (1 << 20) / dt / 1e9
 
 
 def _meta_worker(args: tuple[str, int, int]) -> tuple[float, float, float, float]:
@@ -105,9 +121,11 @@ def main() -> None:
         r: dict[str, float] = {}
         if "io" in phases:
             r["write GB/s"] = fio(d, "write", "1M", size, ["--end_fsync=1"])["GB/s"]
+            # fio drops the file's cached pages first (invalidate=1): this reads the cluster.
             r["read GB/s"] = fio(d, "read", "1M", size, [])["GB/s"]
             r["4K randread IOPS"] = fio(d, "randread", "4k", size, ["--runtime=15", "--time_based"])["IOPS"]
             os.unlink(os.path.join(d, "fio.dat"))
+            r["dd write-only GB/s"] = dd_write(d, size)
         for procs in (1, 4) if "meta" in phases else ():
             for k, v in meta(d, procs).items():
                 r[f"{k} ({procs}p)"] = v

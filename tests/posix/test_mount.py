@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 MIB = 1 << 20
+PAGE = 4096
 STRIPE = MIB
 NOBODY = 65534
 
@@ -469,6 +470,49 @@ def test_two_mounts_see_each_others_closed_files(d: Path, other: Path) -> None:
     while (d / "from-b").exists():
         assert time.monotonic() < deadline, "a deleted name stayed visible for 5 s"
         time.sleep(0.05)
+
+
+def test_pages_cached_here_give_way_to_changes_made_elsewhere(d: Path, other: Path) -> None:
+    """Opens keep the kernel's pages only while nobody else changed the file (issue 3)."""
+    f = d / "cached"
+    first = pattern(STRIPE + 4096, 1)
+    f.write_bytes(first)
+    assert f.read_bytes() == first  # read back from this mount's pages, kept at open
+    same_size = pattern(len(first), 2)
+    (other / "cached").write_bytes(same_size)  # same size, new data, closed elsewhere
+    assert f.read_bytes() == same_size
+    with open(other / "cached", "r+b") as g:  # a write in place elsewhere
+        g.seek(100)
+        g.write(b"patched")
+    assert f.read_bytes() == same_size[:100] + b"patched" + same_size[107:]
+    # This mount's own writes keep its pages current, and other handles here see them.
+    with open(f, "r+b") as g:
+        g.write(b"mine")
+    assert f.read_bytes()[:4] == b"mine"
+    os.truncate(other / "cached", 10)
+    assert f.read_bytes() == b"mine" + same_size[4:10]
+
+
+@pytest.mark.parametrize("writer_flags", [os.O_WRONLY, os.O_RDWR])
+def test_reader_on_this_mount_sees_writes_before_the_close(d: Path, writer_flags: int) -> None:
+    """Write-only handles bypass the page cache, others go through it; either way a reader
+    elsewhere on this mount sees what a write(2) that returned wrote, cached pages included."""
+    p = d / "shared"
+    p.write_bytes(b"A" * 3 * PAGE)
+    r = os.open(p, os.O_RDONLY)
+    w = os.open(p, writer_flags)
+    try:
+        assert os.pread(r, 2 * PAGE, 0) == b"A" * 2 * PAGE  # now in the kernel's pages
+        os.pwrite(w, b"B" * 100, PAGE + 10)  # inside a cached page, not page-aligned
+        os.pwrite(w, b"C" * 100, 2 * PAGE + 10)  # a page not cached: read from the cluster
+        expected = (
+            b"A" * (PAGE + 10) + b"B" * 100 + b"A" * (PAGE - 100) + b"C" * 100 + b"A" * (PAGE - 110)
+        )
+        assert os.pread(r, 3 * PAGE, 0) == expected
+    finally:
+        os.close(w)
+        os.close(r)
+    assert p.read_bytes() == expected
 
 
 def test_replaced_file_is_seen_at_open(d: Path, other: Path) -> None:

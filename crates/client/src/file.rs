@@ -61,6 +61,8 @@ pub struct File {
     ino: Ino,
     /// Attributes fetched at open (close-to-open), for callers that need them at once.
     opened: Inode,
+    /// The inode as this handle's last change (publish, truncate) left it, until taken.
+    changed: Option<Inode>,
     stripe: u64,
     readable: bool,
     writable: bool,
@@ -96,6 +98,7 @@ impl File {
             client,
             ino: inode.ino,
             opened: inode.clone(),
+            changed: None,
             readable: opts.read,
             writable: opts.write || opts.append,
             append: opts.append,
@@ -334,7 +337,10 @@ impl File {
                 )
                 .await
             {
-                Ok(Response::Inode(i)) => self.size = i.size,
+                Ok(Response::Inode(i)) => {
+                    self.size = i.size;
+                    self.changed = Some(i);
+                }
                 Ok(other) => return drained.and(Err(unexpected(&other))),
                 Err(e) => return drained.and(Err(e)),
             }
@@ -495,8 +501,16 @@ impl File {
             ctime: Timespec::now(),
             ..SetAttr::default()
         };
-        self.size = self.client.setattr(self.ino, attr).await?.size;
+        let i = self.client.setattr(self.ino, attr).await?;
+        self.size = i.size;
+        self.changed = Some(i);
         Ok(())
+    }
+
+    /// The inode as this handle's last publish or truncate left it, once: a cache of the
+    /// file's pages can tell from its `change` whether anybody else changed it meanwhile.
+    pub fn take_changed(&mut self) -> Option<Inode> {
+        self.changed.take()
     }
 
     /// Fresh attributes from the cluster, with this handle's unpublished size.
@@ -550,6 +564,7 @@ impl Drop for File {
             client: self.client.clone(),
             ino: self.ino,
             opened: self.opened.clone(),
+            changed: None,
             stripe: self.stripe,
             readable: false,
             writable: true,

@@ -10,8 +10,9 @@
 //!
 //! Consistency: close-to-open, as NFS gives it. The kernel may cache names and attributes for
 //! `attr_ttl` (1 s by default, as NFS and libfuse do), which is what makes `stat` fast, but
-//! every open fetches fresh attributes from the cluster, tells the kernel to drop the ones it
-//! cached and drops the file's page cache (no `KEEP_CACHE`), so an open after another node's
+//! every open fetches fresh attributes from the cluster and tells the kernel to drop the ones
+//! it cached; the file's page cache is kept (`KEEP_CACHE`) only while the inode's change
+//! counter shows no change but this mount's own (`Fs::pages`), so an open after another node's
 //! close sees its data and size. A cached name whose file was deleted elsewhere answers ESTALE,
 //! on which the kernel looks the name up again (as for NFS).
 
@@ -88,6 +89,7 @@ pub fn mount(
         files: Mutex::default(),
         dirs: Mutex::default(),
         changed_dirs: Mutex::default(),
+        pages: Mutex::default(),
         next_fh: AtomicU64::new(1),
         notifier: OnceLock::new(),
     }));
@@ -128,6 +130,8 @@ fn raise_readahead(dir: &Path) {
 
 /// Bound on `Fs::changed_dirs` (stale entries are dropped when it is reached).
 const CHANGED_DIRS_MAX: usize = 4096;
+/// Bound on `Fs::pages`; past it the map starts over (opens then drop pages once more).
+const PAGES_MAX: usize = 1 << 16;
 
 /// A directory's entries as readdir hands them out (name, inode, type), snapshotted at opendir
 /// with the attributes that came with them (placed files), and when.
@@ -141,6 +145,8 @@ struct OpenFile {
     ino: u64,
     file: tokio::sync::Mutex<File>,
     sync: bool,
+    /// Opened with `FOPEN_DIRECT_IO`: its writes bypass the kernel's pages of the file.
+    direct: bool,
     /// The size this handle's writes made, until they are published (0 when there are none):
     /// `stat` by path on this mount must see it, as POSIX wants, before the close.
     unpublished: AtomicU64,
@@ -159,6 +165,10 @@ struct Fs {
     /// and when. A create makes the kernel drop the directory's cached attributes and ask
     /// again (it needs the mode to check the next create); within `attr_ttl`, those answer.
     changed_dirs: Mutex<HashMap<u64, (Inode, Instant)>>,
+    /// For each file whose pages the kernel may hold, the inode `change` they are current
+    /// with: set at an open that dropped them, moved on by this mount's own changes (its
+    /// writes went through the page cache). An open finding the counter there keeps them.
+    pages: Mutex<HashMap<u64, u64>>,
     next_fh: AtomicU64,
     /// Set once the session runs; drops the kernel's cached attributes at open.
     notifier: OnceLock<fuser::Notifier>,
@@ -338,6 +348,7 @@ impl Fs {
             ino: f.ino(),
             file: tokio::sync::Mutex::new(f),
             sync: flags & (libc::O_SYNC | libc::O_DSYNC) != 0,
+            direct: self.open_flags(flags).contains(FopenFlags::FOPEN_DIRECT_IO),
             unpublished: AtomicU64::new(0),
         };
         self.files
@@ -352,16 +363,87 @@ impl Fs {
         let Some(h) = self.file(fh) else {
             return reply.error(Errno::EBADF);
         };
-        let r = h.file.lock().await.flush().await;
-        h.unpublished.store(0, Ordering::Relaxed);
-        Self::empty(reply, r);
+        Self::empty(reply, self.publish(&h).await);
     }
 
-    fn open_flags(&self) -> FopenFlags {
-        if self.opts.direct_io {
+    async fn publish(&self, h: &OpenFile) -> Result<(), Error> {
+        let mut f = h.file.lock().await;
+        let r = f.flush().await;
+        self.settle(&mut f);
+        h.unpublished.store(0, Ordering::Relaxed);
+        r
+    }
+
+    /// A read through one handle sees what the others on this mount wrote: their writes may
+    /// still be buffered in the client, where a read from the cluster would miss them (and
+    /// cache the old bytes in the kernel's pages).
+    async fn publish_others(&self, fh: FileHandle, ino: u64) {
+        let writers: Vec<Arc<OpenFile>> = self
+            .files
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(k, h)| {
+                **k != fh.0 && h.ino == ino && h.unpublished.load(Ordering::Relaxed) > 0
+            })
+            .map(|(_, h)| Arc::clone(h))
+            .collect();
+        for h in writers {
+            if let Err(e) = self.publish(&h).await {
+                // The writer learns of it at its own flush or close.
+                tracing::debug!(ino, "publishing another handle's writes for a read: {e}");
+            }
+        }
+    }
+
+    /// Write-only handles bypass the page cache too: each write(2) is one request either way
+    /// (without the writeback cache), and nothing can read pages through them, so filling
+    /// pages would only cost a copy on the writer's path.
+    fn open_flags(&self, flags: i32) -> FopenFlags {
+        let write_only = flags & libc::O_ACCMODE == libc::O_WRONLY && !self.opts.writeback_cache;
+        if self.opts.direct_io || write_only {
             FopenFlags::FOPEN_DIRECT_IO
         } else {
             FopenFlags::empty()
+        }
+    }
+
+    fn pages(&self) -> std::sync::MutexGuard<'_, HashMap<u64, u64>> {
+        self.pages.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Close-to-open for data: may the kernel keep the pages it cached of `i`, just fetched by
+    /// an open? Only if nobody changed the file since they were current; otherwise they are
+    /// dropped and current again from here on.
+    fn keep_pages(&self, i: &Inode) -> bool {
+        let mut pages = self.pages();
+        if pages.get(&i.ino) == Some(&i.change) {
+            return !self.opts.direct_io;
+        }
+        if pages.len() >= PAGES_MAX {
+            pages.clear();
+        }
+        pages.insert(i.ino, i.change);
+        false
+    }
+
+    /// This mount changed `i` (its writes also went to the kernel's pages): the pages stay
+    /// current if that change was the only one since they were.
+    fn changed(&self, i: &Inode) {
+        let mut pages = self.pages();
+        if let Some(c) = pages.get_mut(&i.ino) {
+            if *c + 1 == i.change {
+                *c = i.change;
+            } else {
+                pages.remove(&i.ino);
+            }
+        }
+    }
+
+    /// What a handle's last publish or truncate did to its file.
+    fn settle(&self, f: &mut File) {
+        if let Some(i) = f.take_changed() {
+            self.changed(&i);
         }
     }
 }
@@ -461,7 +543,10 @@ impl Filesystem for TesseraFs {
             let r = async {
                 if let (Some(size), Some(h)) = (size, fh.and_then(|fh| fs.file(fh))) {
                     // Through the handle, so its buffered writes land before the cut.
-                    h.file.lock().await.set_len(size).await?;
+                    let mut f = h.file.lock().await;
+                    let r = f.set_len(size).await;
+                    fs.settle(&mut f);
+                    r?;
                     attr.size = None;
                 }
                 if size.is_some() {
@@ -470,6 +555,9 @@ impl Filesystem for TesseraFs {
                 fs.client.setattr(ino.0, attr).await
             }
             .await;
+            if let Ok(i) = &r {
+                fs.changed(i);
+            }
             fs.dir_changed(ino.0, None);
             fs.attr_reply(reply, r);
         });
@@ -633,7 +721,11 @@ impl Filesystem for TesseraFs {
                             }
                         }
                     }
-                    reply.opened(fs.keep(f, flags.0), fs.open_flags());
+                    let mut flags_out = fs.open_flags(flags.0);
+                    if fs.keep_pages(&f.attr()) {
+                        flags_out |= FopenFlags::FOPEN_KEEP_CACHE;
+                    }
+                    reply.opened(fs.keep(f, flags.0), flags_out);
                 }
                 Err(e) => reply.error(ino_errno(&e)),
             }
@@ -661,10 +753,11 @@ impl Filesystem for TesseraFs {
             {
                 Ok((f, dir)) => {
                     fs.dir_changed(parent.0, dir);
+                    fs.keep_pages(&f.attr());
                     let attr = fs.attr(&f.attr());
                     let fh = fs.keep(f, flags);
                     let ttl = fs.opts.attr_ttl;
-                    reply.created(&ttl, &attr, Generation(0), fh, fs.open_flags());
+                    reply.created(&ttl, &attr, Generation(0), fh, fs.open_flags(flags));
                 }
                 Err(e) => reply.error(errno(&e)),
             }
@@ -686,6 +779,7 @@ impl Filesystem for TesseraFs {
             let Some(h) = fs.file(fh) else {
                 return reply.error(Errno::EBADF);
             };
+            fs.publish_others(fh, h.ino).await;
             let r = h.file.lock().await.read_at(offset, size as usize).await;
             match r {
                 Ok(data) => reply.data(&data),
@@ -713,12 +807,23 @@ impl Filesystem for TesseraFs {
             let mut f = h.file.lock().await;
             let n = f.write_at(offset, data).await?;
             if h.sync {
-                f.flush().await?;
+                let r = f.flush().await;
+                self.0.settle(&mut f);
+                r?;
             } else {
                 h.unpublished.store(f.len(), Ordering::Relaxed);
             }
             Ok::<_, Error>(n)
         });
+        if let (Ok(n), true, Some(notifier)) = (&r, h.direct, self.0.notifier.get()) {
+            // The kernel does not drop the pages it holds of what a direct write replaced;
+            // without this, other handles (and opens keeping the cache) would read old bytes.
+            let len = i64::try_from(*n).unwrap_or(i64::MAX);
+            let at = i64::try_from(offset).unwrap_or(i64::MAX);
+            if let Err(e) = notifier.inval_inode(INodeNo(h.ino), at, len) {
+                tracing::debug!(ino = h.ino, "page invalidation after a direct write: {e}");
+            }
+        }
         match r {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(&e)),
@@ -739,7 +844,9 @@ impl Filesystem for TesseraFs {
         if let Some(h) = self.0.file(fh) {
             if h.unpublished.load(Ordering::Relaxed) == 0 {
                 if let Ok(mut f) = h.file.try_lock() {
-                    return Fs::empty(reply, self.0.rt.block_on(f.flush()));
+                    let r = self.0.rt.block_on(f.flush());
+                    self.0.settle(&mut f);
+                    return Fs::empty(reply, r);
                 }
             }
         }
@@ -778,9 +885,12 @@ impl Filesystem for TesseraFs {
         else {
             return reply.error(Errno::EBADF);
         };
-        self.spawn(move |_| async move {
+        self.spawn(move |fs| async move {
             // In place: a request that finished with the handle may still hold a reference.
-            Fs::empty(reply, h.file.lock().await.finish().await);
+            let mut f = h.file.lock().await;
+            let r = f.finish().await;
+            fs.settle(&mut f);
+            Fs::empty(reply, r);
         });
     }
 
@@ -810,7 +920,9 @@ impl Filesystem for TesseraFs {
             let r = async {
                 let mut f = h.file.lock().await;
                 if mode == 0 && end > f.len() {
-                    f.set_len(end).await?;
+                    let r = f.set_len(end).await;
+                    fs.settle(&mut f);
+                    r?;
                 }
                 Ok(())
             }

@@ -108,6 +108,10 @@ pub struct Inode {
     pub target: Vec<u8>,
     /// Open handles across all clients: an unlinked file keeps its data until this is zero.
     pub open_count: u32,
+    /// Raised by one with every change of the inode but opens and closes (as NFSv4's change
+    /// attribute): a mount keeps the pages it cached of a file whose counter is where its own
+    /// last change left it.
+    pub change: u64,
 }
 
 impl Inode {
@@ -138,6 +142,7 @@ impl Inode {
             parent: if kind == FileKind::Dir { parent } else { 0 },
             target,
             open_count: 0,
+            change: 0,
         }
     }
 }

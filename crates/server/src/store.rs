@@ -519,6 +519,7 @@ impl Store {
                 i.parent = d;
             }
             i.ctime = a.ctime;
+            i.change += 1;
             i.clone()
         })
     }
@@ -528,6 +529,7 @@ impl Store {
             i.size = i.size.max(size);
             i.mtime = i.mtime.max(mtime);
             i.ctime = i.ctime.max(mtime);
+            i.change += 1;
             i.clone()
         })
     }
@@ -561,6 +563,7 @@ impl Store {
         let i = part.inodes.get_mut(&ino).ok_or(ErrorCode::NotFound)?;
         i.nlink = i.nlink.saturating_add_signed(delta);
         i.ctime = ctime;
+        i.change += 1;
         Ok(self.reap(&mut part, ino))
     }
 
@@ -614,6 +617,7 @@ impl Store {
         }
         d.mtime = mtime;
         d.ctime = mtime;
+        d.change += 1;
     }
 
     pub fn dir_insert(
@@ -848,6 +852,7 @@ mod tests {
             parent: 0,
             target: Vec::new(),
             open_count: 0,
+            change: 0,
         }
     }
 
@@ -1115,7 +1120,18 @@ mod tests {
         assert_eq!(s.inode_link(0, 7, -1, t(2)), Ok((1, false)));
         assert_eq!(s.inode_link(0, 7, -1, t(3)), Ok((0, false)), "still open");
         assert!(s.inode_get(0, 7).is_ok());
-        assert_eq!(s.inode_extend(0, 7, 1, t(4)).unwrap().size, 1);
+        let extended = s.inode_extend(0, 7, 1, t(4)).unwrap();
+        assert_eq!(extended.size, 1);
+        // Three link changes and the extend; the open counts for nothing.
+        assert_eq!(
+            extended.change, 4,
+            "every change but opens and closes counts"
+        );
+        let attr = SetAttr {
+            mode: Some(0o600),
+            ..SetAttr::default()
+        };
+        assert_eq!(s.inode_setattr(0, 7, &attr).unwrap().change, 5);
         assert_eq!(
             s.inode_close(0, 7),
             Ok((0, true)),
