@@ -49,11 +49,11 @@ wait_mounted "$work/m2"
 
 echo "== Python standard-library suite"
 TESSERA_MOUNT=$work/m1 TESSERA_MOUNT2=$work/m2 TESSERA_CAPACITY=$((servers * per_server)) \
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/posix/test_mount.py
+  limit 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/posix/test_mount.py
 
 echo "== pjdfstest"
 mkdir "$work/m1/pjdfstest"
-(cd "$work/m1/pjdfstest" && "$tools/bin/pjdfstest" -c "$root/tests/posix/pjdfstest.toml" \
+(cd "$work/m1/pjdfstest" && limit 900 "$tools/bin/pjdfstest" -c "$root/tests/posix/pjdfstest.toml" \
   -p "$work/m1/pjdfstest" -s "$work/secondary" > "$work/pjdfstest.log" 2>&1) || true
 python3 - "$work/pjdfstest.log" tests/posix/pjdfstest-skips.txt <<'EOF'
 import re, sys
@@ -76,12 +76,12 @@ EOF
 
 echo "== fsx"
 mkdir "$work/m1/fsx"
-"$tools/bin/fsx" -q -f tests/posix/fsx.toml -N "${FSX_OPS:-100000}" -S 20261122 \
+limit 900 "$tools/bin/fsx" -q -f tests/posix/fsx.toml -N "${FSX_OPS:-100000}" -S 20261122 \
   -P "$work/local" "$work/m1/fsx/fsx.dat"
 echo "== fsx on the --direct-io mount"
-"$tools/bin/fsx" -q -f tests/posix/fsx.toml -N 30000 -S 20261123 \
+limit 900 "$tools/bin/fsx" -q -f tests/posix/fsx.toml -N 30000 -S 20261123 \
   -P "$work/local" "$work/m2/fsx/direct.dat"
 
 echo "== shell workflow"
-tests/posix/workflow.sh "$work/m1" "$work/local"
+limit 900 tests/posix/workflow.sh "$work/m1" "$work/local"
 echo "mount tests passed"

@@ -37,4 +37,35 @@ wait_cluster_file() {
   exit 1
 }
 
+# Runs a command for at most SECONDS, then fails. A request stuck in a FUSE file system leaves
+# its caller unkillable, so past the limit the connections of the mounts in `mounts` are
+# aborted first (every request then fails at once).
+limit() {
+  local secs=$1
+  shift
+  "$@" &
+  local pid=$!
+  (
+    sleep "$secs" </dev/null >/dev/null 2>&1
+    echo "timed out after ${secs}s: $*" >&2
+    abort_mounts
+    kill "$pid" 2>/dev/null
+  ) &
+  local watchdog=$!
+  local rc=0
+  wait "$pid" || rc=$?
+  kill "$watchdog" 2>/dev/null || true
+  return "$rc"
+}
+
+abort_mounts() {
+  mountpoint -q /sys/fs/fuse/connections ||
+    mount -t fusectl none /sys/fs/fuse/connections 2>/dev/null || true
+  local m dev
+  for m in "${mounts[@]}"; do
+    dev=$(mountpoint -d "$m" 2>/dev/null) || continue
+    echo 1 > "/sys/fs/fuse/connections/${dev#*:}/abort" 2>/dev/null || true
+  done
+}
+
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }

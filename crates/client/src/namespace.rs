@@ -498,18 +498,37 @@ impl Client {
         self.router.broadcast(Op::DropFile { file: ino }).await
     }
 
-    /// Removes a non-directory name. An open file keeps its data until its last close.
+    /// Removes a non-directory name. An open file keeps its data until its last close. A
+    /// placed file (inode with its directory) loses name and link in one request.
     pub async fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.unlink_in(parent, name).await.map(drop)
+    }
+
+    /// [`Self::unlink`], also returning the attributes of `parent` right after, when the
+    /// server reported them (as [`Self::create_in`]).
+    pub async fn unlink_in(&self, parent: Ino, name: &[u8]) -> Result<Option<Inode>> {
         check_name(name)?;
-        let op = Op::DirRemove {
+        let op = Op::DirUnlink {
             dir: parent,
             name: name.to_vec(),
-            expect: None,
-            want_dir: Some(false),
             mtime: Timespec::now(),
         };
-        let entry = match self.meta_resent(parent, op).await {
-            (Ok(Response::Entry(e)), _) => e,
+        let (entry, dir) = match self.meta_resent(parent, op).await {
+            (
+                Ok(Response::Unlinked {
+                    nlink: Some(_),
+                    drop_data,
+                    entry,
+                    dir,
+                }),
+                _,
+            ) => {
+                if drop_data {
+                    self.drop_data(entry.ino).await?;
+                }
+                return Ok(Some(dir));
+            }
+            (Ok(Response::Unlinked { entry, dir, .. }), _) => (entry, dir),
             (Ok(other), _) => return Err(unexpected(&other)),
             // Re-sent after the primary died: our removal was applied. Which inode the name
             // led to is unknown now, so its link stays (an unreachable inode at worst, as after
@@ -519,11 +538,12 @@ impl Client {
                     parent,
                     "unlink re-sent after a failover found the name gone"
                 );
-                return Ok(());
+                return Ok(None);
             }
             (Err(e), _) => return Err(e),
         };
-        self.unref(entry.ino).await
+        self.unref(entry.ino).await?;
+        Ok(Some(dir))
     }
 
     /// Removes an empty directory.

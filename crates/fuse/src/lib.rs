@@ -634,9 +634,16 @@ impl Filesystem for TesseraFs {
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = self::name(name);
         self.spawn(move |fs| async move {
-            let r = fs.client.unlink(parent.0, &name).await;
-            fs.dir_changed(parent.0, None);
-            Fs::empty(reply, r);
+            match fs.client.unlink_in(parent.0, &name).await {
+                Ok(dir) => {
+                    fs.dir_changed(parent.0, dir);
+                    reply.ok();
+                }
+                Err(e) => {
+                    fs.dir_changed(parent.0, None);
+                    reply.error(errno(&e));
+                }
+            }
         });
     }
 
@@ -795,7 +802,7 @@ impl Filesystem for TesseraFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -815,9 +822,12 @@ impl Filesystem for TesseraFs {
             }
             Ok::<_, Error>(n)
         });
-        if let (Ok(n), true, Some(notifier)) = (&r, h.direct, self.0.notifier.get()) {
-            // The kernel does not drop the pages it holds of what a direct write replaced;
-            // without this, other handles (and opens keeping the cache) would read old bytes.
+        // The kernel does not drop the pages it holds of what a direct write replaced; without
+        // this, other handles (and opens keeping the cache) would read old bytes. Not for the
+        // writeback of pages (of a mapping): those are the pages, and one of them is waiting
+        // for this very reply.
+        let direct = h.direct && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        if let (Ok(n), true, Some(notifier)) = (&r, direct, self.0.notifier.get()) {
             let len = i64::try_from(*n).unwrap_or(i64::MAX);
             let at = i64::try_from(offset).unwrap_or(i64::MAX);
             if let Err(e) = notifier.inval_inode(INodeNo(h.ino), at, len) {

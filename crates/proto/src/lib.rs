@@ -24,7 +24,7 @@ pub use rpc::{
 
 /// Version of the protocol spoken by this build; both ends must agree. Raise it with any change
 /// to the messages or to what inode numbers mean (2: placed inodes, `DirCreate`, listings and
-/// look-ups carrying inodes; 3: `Inode::change`).
+/// look-ups carrying inodes; 3: `Inode::change`, `DirUnlink`).
 pub const PROTOCOL_VERSION: u16 = 3;
 /// First bytes of every connection.
 pub const MAGIC: [u8; 4] = *b"TSRA";

@@ -234,6 +234,14 @@ pub enum Op {
         want_dir: Option<bool>,
         mtime: Timespec,
     },
+    /// unlink in one step: `DirRemove` of a non-directory (`IsDir` for a directory) and, if its
+    /// inode lives in this partition (a placed file), `InodeLink` -1 on it, atomically.
+    /// Reply: `Unlinked`, with the directory's attributes after the removal.
+    DirUnlink {
+        dir: Ino,
+        name: Name,
+        mtime: Timespec,
+    },
     /// Reply: `Found` (with the inode when it lives in the same partition, as a placed file's
     /// does), or `NotFound`.
     DirLookup { dir: Ino, name: Name },
@@ -369,6 +377,14 @@ pub enum Response {
         inode: Option<Inode>,
     },
     Replaced(Option<DirEntry>),
+    /// The entry removed; if its inode was here, what dropping the link did to it (as
+    /// `Links`; with `nlink: None` the link is the caller's to drop); the directory after.
+    Unlinked {
+        entry: DirEntry,
+        nlink: Option<u32>,
+        drop_data: bool,
+        dir: Inode,
+    },
     Entries {
         entries: Vec<Listed>,
         more: bool,

@@ -95,6 +95,7 @@ fn is_meta_change(op: &Op) -> bool {
             | Op::InodeClose { .. }
             | Op::DirInsert { .. }
             | Op::DirRemove { .. }
+            | Op::DirUnlink { .. }
             | Op::DirRename { .. }
             | Op::DirDestroy { .. }
             | Op::DirCreate { .. }
@@ -281,6 +282,7 @@ impl NodeHandler {
             | Op::InodeClose { ino } => Some(meta_partition(*ino, p)),
             Op::DirInsert { dir, .. }
             | Op::DirRemove { dir, .. }
+            | Op::DirUnlink { dir, .. }
             | Op::DirLookup { dir, .. }
             | Op::DirList { dir, .. }
             | Op::DirRename { dir, .. }
@@ -509,6 +511,18 @@ impl NodeHandler {
             } => s
                 .dir_remove(p, dir, name, expect, want_dir, mtime)
                 .map(|e| (Response::Entry(e), Bytes::new())),
+            Op::DirUnlink { dir, name, mtime } => {
+                s.dir_unlink(p, dir, name, mtime)
+                    .map(|(entry, links, dir)| {
+                        let resp = Response::Unlinked {
+                            entry,
+                            nlink: links.map(|(n, _)| n),
+                            drop_data: links.is_some_and(|(_, d)| d),
+                            dir,
+                        };
+                        (resp, Bytes::new())
+                    })
+            }
             Op::DirLookup { dir, name } => s
                 .dir_lookup(p, dir, &name)
                 .map(|(entry, inode)| (Response::Found { entry, inode }, Bytes::new())),

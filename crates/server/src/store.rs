@@ -136,6 +136,10 @@ pub struct Store {
 
 type R<T> = Result<T, ErrorCode>;
 
+/// What an unlink removed: the entry, the link count and stripes verdict if the inode was in
+/// the same partition, and the directory after.
+pub type Unlinked = (DirEntry, Option<(u32, bool)>, Inode);
+
 fn entry_cost(name: &[u8]) -> u64 {
     ENTRY_COST + name.len() as u64
 }
@@ -678,6 +682,19 @@ impl Store {
         Ok(e)
     }
 
+    /// `dir_remove` of a non-directory and, if its inode is in this partition too (a placed
+    /// file), `inode_link` -1 on it: the link count and whether its stripes must go. Returns
+    /// the directory as it is now too.
+    pub fn dir_unlink(&self, p: PartitionId, dir: Ino, name: Name, mtime: Timespec) -> R<Unlinked> {
+        let e = self.dir_remove(p, dir, name, None, Some(false), mtime)?;
+        let links = match self.inode_link(p, e.ino, -1, mtime) {
+            Ok(links) => Some(links),
+            Err(ErrorCode::NotFound) => None,
+            Err(x) => return Err(x),
+        };
+        Ok((e, links, self.inode_get(p, dir)?))
+    }
+
     /// The entry `name` of `dir` and, if it lives in this partition too, its inode.
     pub fn dir_lookup(
         &self,
@@ -1205,6 +1222,50 @@ mod tests {
             Err(ErrorCode::NoSpace)
         );
         assert_eq!(tiny.dir_lookup(0, 10, b"f"), Err(ErrorCode::NotFound));
+    }
+
+    #[test]
+    fn unlink_drops_name_and_link_at_once_when_the_inode_is_here() {
+        let unlink = |s: &Store, name: &str| {
+            s.dir_unlink(0, 10, name.into(), t(3))
+                .map(|(entry, links, dir)| (entry, links, dir.mtime))
+        };
+        let s = store(1 << 20);
+        s.inode_create(0, inode(10, FileKind::Dir)).unwrap();
+        for (name, ino) in [("a", 20), ("b", 21), ("open", 22)] {
+            s.dir_create(0, 10, name.into(), inode(ino, FileKind::File), t(1))
+                .unwrap();
+        }
+        s.inode_extend(0, 20, 5, t(2)).unwrap();
+        s.inode_link(0, 21, 1, t(2)).unwrap(); // a second name elsewhere
+        s.inode_open(0, 22).unwrap();
+        let e = |ino| DirEntry {
+            ino,
+            kind: FileKind::File,
+        };
+        assert_eq!(unlink(&s, "a"), Ok((e(20), Some((0, true)), t(3))));
+        assert_eq!(s.inode_get(0, 20), Err(ErrorCode::NotFound), "reaped");
+        assert_eq!(unlink(&s, "b"), Ok((e(21), Some((1, false)), t(3))));
+        assert_eq!(s.inode_get(0, 21).unwrap().nlink, 1);
+        let kept = unlink(&s, "open");
+        assert_eq!(kept, Ok((e(22), Some((0, false)), t(3))), "open: kept");
+        // A name whose inode lives elsewhere (a hard link): the caller drops the link.
+        let far = DirEntry {
+            ino: 99,
+            kind: FileKind::File,
+        };
+        s.dir_insert(0, 10, b"far".to_vec(), far, false, t(4))
+            .unwrap();
+        assert_eq!(unlink(&s, "far"), Ok((far, None, t(3))));
+        s.inode_create(0, inode(30, FileKind::Dir)).unwrap();
+        let sub = DirEntry {
+            ino: 30,
+            kind: FileKind::Dir,
+        };
+        s.dir_insert(0, 10, b"sub".to_vec(), sub, false, t(6))
+            .unwrap();
+        assert_eq!(unlink(&s, "sub"), Err(ErrorCode::IsDir));
+        assert_eq!(unlink(&s, "gone"), Err(ErrorCode::NotFound));
     }
 
     #[test]
