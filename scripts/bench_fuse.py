@@ -1,5 +1,5 @@
 """FUSE benchmark driver (run by scripts/bench-fuse.sh): fio sequential 1 MiB write and read,
-random 4 KiB reads, a `dd` write of the same size (a write-only open), and a metadata test
+random 4 KiB reads, `dd` writing, reading and re-reading the same size, and a metadata test
 (creates, stats, unlinks per second from 1 and 4 processes) on each directory given, printed as
 a table with ratios to the first ones.
 
@@ -31,19 +31,24 @@ def fio(directory: str, rw: str, bs: str, size: str, extra: list[str]) -> dict[s
     return {"GB/s": side["bw_bytes"] / 1e9, "IOPS": side["iops"]}
 
 
-def dd_write(directory: str, size: str) -> float:
-    """GB/s of `dd` writing SIZE in 1 MiB blocks: a program writing its output opens it
-    write-only (fio's jobs open read-write)."""
+def dd(directory: str, size: str) -> dict[str, float]:
+    """GB/s of `dd` in 1 MiB blocks as programs do it: writing SIZE (a write-only open; fio's
+    jobs open read-write), reading it, and reading it again (a second open: a mount may keep
+    the pages of a file nobody changed)."""
     mib = int(size.rstrip("G")) * 1024 if size.endswith("G") else int(size.rstrip("M"))
     path = os.path.join(directory, "dd.dat")
-    t = time.perf_counter()
-    subprocess.run(
-        ["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={mib}", "conv=fsync"],
-        check=True, capture_output=True,
-    )
-    dt = time.perf_counter() - t
+    steps = {
+        "dd write-only GB/s": ["if=/dev/zero", f"of={path}", "conv=fsync"],
+        "dd read GB/s": [f"if={path}", "of=/dev/null"],
+        "dd re-read GB/s": [f"if={path}", "of=/dev/null"],
+    }
+    out = {}
+    for name, args in steps.items():
+        t = time.perf_counter()
+        subprocess.run(["dd", "bs=1M", f"count={mib}", *args], check=True, capture_output=True)
+        out[name] = mib * (1 << 20) / (time.perf_counter() - t) / 1e9
     os.unlink(path)
-    return mib * (1 << 20) / dt / 1e9
+    return out
 
 
 def _meta_worker(args: tuple[str, int, int]) -> tuple[float, float, float, float]:
@@ -125,7 +130,7 @@ def main() -> None:
             r["read GB/s"] = fio(d, "read", "1M", size, [])["GB/s"]
             r["4K randread IOPS"] = fio(d, "randread", "4k", size, ["--runtime=15", "--time_based"])["IOPS"]
             os.unlink(os.path.join(d, "fio.dat"))
-            r["dd write-only GB/s"] = dd_write(d, size)
+            r.update(dd(d, size))
         for procs in (1, 4) if "meta" in phases else ():
             for k, v in meta(d, procs).items():
                 r[f"{k} ({procs}p)"] = v

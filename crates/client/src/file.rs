@@ -348,6 +348,18 @@ impl File {
         drained
     }
 
+    /// `flush` for another reader's sake: a failure stays with this handle, for its own next
+    /// write, flush or close to report. True if everything is stored and published.
+    pub async fn flush_for_reader(&mut self) -> bool {
+        match self.flush().await {
+            Ok(()) => true,
+            Err(e) => {
+                self.failed.get_or_insert(e);
+                false
+            }
+        }
+    }
+
     /// Reads up to `len` bytes at `offset`; shorter only at the end of the file.
     pub async fn read_at(&mut self, offset: u64, len: usize) -> Result<Bytes> {
         self.check(false)?;

@@ -363,15 +363,11 @@ impl Fs {
         let Some(h) = self.file(fh) else {
             return reply.error(Errno::EBADF);
         };
-        Self::empty(reply, self.publish(&h).await);
-    }
-
-    async fn publish(&self, h: &OpenFile) -> Result<(), Error> {
         let mut f = h.file.lock().await;
         let r = f.flush().await;
         self.settle(&mut f);
         h.unpublished.store(0, Ordering::Relaxed);
-        r
+        Self::empty(reply, r);
     }
 
     /// A read through one handle sees what the others on this mount wrote: their writes may
@@ -389,10 +385,12 @@ impl Fs {
             .map(|(_, h)| Arc::clone(h))
             .collect();
         for h in writers {
-            if let Err(e) = self.publish(&h).await {
-                // The writer learns of it at its own flush or close.
-                tracing::debug!(ino, "publishing another handle's writes for a read: {e}");
+            let mut f = h.file.lock().await;
+            // A failure is the writer's to report, at its next write, flush or close.
+            if f.flush_for_reader().await {
+                h.unpublished.store(0, Ordering::Relaxed);
             }
+            self.settle(&mut f);
         }
     }
 
