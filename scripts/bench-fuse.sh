@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FUSE benchmark (issue #3), as root: fio and a metadata test on tmpfs, on a pass-through FUSE
+# FUSE benchmark (issue #3), as root: fio, dd and a metadata test on tmpfs, on a pass-through FUSE
 # mount over tmpfs (bindfs -o direct_io: the FUSE ceiling) and on a Tessera mount of a local
 # cluster with 4 servers, in one run; prints a table with Tessera's ratios to both.
 # Usage: scripts/bench-fuse.sh [SIZE]   (fio file size, default 4G)
