@@ -33,8 +33,8 @@ fi
 bin=$TESSERA_BIN
 
 . scripts/lib/scratch.sh tessera-mount
-mkdir -p "$work/m1" "$work/m2" "$work/local" "$work/secondary"
-mounts+=("$work/m1" "$work/m2")
+mkdir -p "$work/m1" "$work/m2" "$work/m3" "$work/local" "$work/secondary"
+mounts+=("$work/m1" "$work/m2" "$work/m3")
 
 servers=4
 per_server=$((256 << 20))
@@ -46,9 +46,14 @@ wait_cluster_file
 "$bin" mount "$work/m2" --allow-other --direct-io > "$work/mount2.log" 2>&1 &
 pids+=($!)
 wait_mounted "$work/m2"
+# A third node whose kernel keeps unpromised answers for 30 s: what it sees change sooner,
+# the servers' notices told it.
+"$bin" mount "$work/m3" --attr-cache 30 > "$work/mount3.log" 2>&1 &
+pids+=($!)
+wait_mounted "$work/m3"
 
 echo "== Python standard-library suite"
-TESSERA_MOUNT=$work/m1 TESSERA_MOUNT2=$work/m2 TESSERA_CAPACITY=$((servers * per_server)) \
+TESSERA_MOUNT=$work/m1 TESSERA_MOUNT2=$work/m2 TESSERA_MOUNT3=$work/m3 TESSERA_CAPACITY=$((servers * per_server)) \
   limit 600 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/posix/test_mount.py
 
 echo "== pjdfstest"

@@ -2,7 +2,7 @@
 library only: what unmodified programs see.
 
 Run by scripts/test-mount.sh, which mounts one cluster twice and sets TESSERA_MOUNT and
-TESSERA_MOUNT2 (two mount processes, as on two nodes) and TESSERA_CAPACITY (bytes).
+TESSERA_MOUNT2 (two mount processes, as on two nodes), TESSERA_MOUNT3 (a third, caching for 30 s) and TESSERA_CAPACITY (bytes).
 """
 
 from __future__ import annotations
@@ -49,6 +49,13 @@ def d() -> Iterator[Path]:
 def other(d: Path) -> Path:
     """The same directory as seen through the second mount."""
     return _mount("TESSERA_MOUNT2") / d.name
+
+
+@pytest.fixture
+def third(d: Path) -> Path:
+    """The same directory through a third mount, whose kernel keeps names and attributes the
+    servers made no promise about for 30 s."""
+    return _mount("TESSERA_MOUNT3") / d.name
 
 
 def pattern(n: int, seed: int) -> bytes:
@@ -528,3 +535,37 @@ def test_replaced_file_is_seen_at_open(d: Path, other: Path) -> None:
     (other / "tmp").write_bytes(b"new contents")
     os.rename(other / "tmp", other / "target")  # atomic replace on the other node
     assert (d / "target").read_bytes() == b"new contents"
+
+
+def _soon(what: str, check: Callable[[], bool]) -> None:
+    """`check` holds within 5 s: well before the third mount's 30 s attribute time, long
+    after a notice (microseconds) on a slow machine."""
+    deadline = time.monotonic() + 5
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not seen within 5 s"
+        time.sleep(0.02)
+
+
+def test_stat_sees_changes_elsewhere_at_once_though_cached_long(d: Path, third: Path) -> None:
+    """Names and attributes the servers promised to report changes to are cached for the
+    lease time (60 s), yet a change on another node reaches `stat` here at once (issue 3)."""
+    (d / "f").write_bytes(b"12345")
+    (d / "g").write_bytes(b"g")
+    (d / "h").write_bytes(b"h")
+    assert (third / "f").stat().st_size == 5  # now cached on the third mount
+    assert (third / "g").exists() and (third / "h").exists()
+    assert not (third / "new").exists()
+    os.chmod(d / "f", 0o600)
+    _soon("chmod", lambda: stat.S_IMODE((third / "f").stat().st_mode) == 0o600)
+    with open(d / "f", "ab") as f:
+        f.write(b"678")
+    _soon("a longer file", lambda: (third / "f").stat().st_size == 8)
+    os.unlink(d / "g")
+    _soon("unlink", lambda: not (third / "g").exists())
+    os.rename(d / "h", d / "h2")
+    _soon("rename away", lambda: not (third / "h").exists())
+    assert (third / "h2").read_bytes() == b"h"
+    (d / "f2").write_bytes(b"replacement")
+    os.rename(d / "f2", d / "f")  # replaces a name the third mount holds
+    _soon("replaced", lambda: (third / "f").stat().st_size == len(b"replacement"))
+    assert (third / "f").read_bytes() == b"replacement"

@@ -25,6 +25,10 @@ pub struct MountArgs {
     /// changes this late; opens always revalidate (close-to-open). 0 disables the cache.
     #[arg(long, default_value_t = 1.0)]
     pub attr_cache: f64,
+    /// Seconds the kernel may cache a name or attributes the servers promised to report
+    /// changes to (a change on another node drops them at once). 0 disables the promises.
+    #[arg(long, default_value_t = 60.0)]
+    pub lease: f64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -62,6 +66,8 @@ pub async fn run(client: Client, args: &MountArgs) -> Result<()> {
         writeback_cache: args.writeback_cache,
         attr_ttl: Duration::try_from_secs_f64(args.attr_cache)
             .context("--attr-cache must be a number of seconds")?,
+        lease: Duration::try_from_secs_f64(args.lease)
+            .context("--lease must be a number of seconds")?,
     };
     let session = tessera_fuse::mount(client, tokio::runtime::Handle::current(), &args.dir, &opts)
         .with_context(|| {

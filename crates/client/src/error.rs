@@ -56,7 +56,7 @@ impl From<ErrorCode> for Error {
 impl From<RpcError> for Error {
     fn from(e: RpcError) -> Self {
         match e {
-            RpcError::Auth { .. } => Self::Refused(e.to_string()),
+            RpcError::Auth { .. } | RpcError::Refused { .. } => Self::Refused(e.to_string()),
             RpcError::Encode(m) => Self::Invalid(m),
             _ => Self::Unavailable(e.to_string()),
         }

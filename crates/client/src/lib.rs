@@ -22,7 +22,9 @@ mod route;
 pub use error::Error;
 pub use file::{File, ReadSinks};
 pub use namespace::{OpenOptions, Usage};
-pub use tessera_proto::{DirEntry, ErrorCode, FileKind, Inode, Listed, Name, SetAttr, Timespec};
+pub use tessera_proto::{
+    DirEntry, ErrorCode, FileKind, Inode, Listed, Name, Notice, NoticeSink, SetAttr, Timespec,
+};
 
 use route::Router;
 use std::net::SocketAddr;
@@ -160,6 +162,14 @@ impl Client {
     #[must_use]
     pub fn epoch(&self) -> tessera_placement::Epoch {
         self.router.route().epoch()
+    }
+
+    /// Asks the servers for callback promises from now on: each tells `sink` when something
+    /// it answered this client changes (`Notice`); the client adds `Notice::Reset` when a
+    /// connection ends or the partition table changes. For caches that outlive a request (the
+    /// FUSE mount's kernel cache). Once per client.
+    pub fn subscribe(&self, sink: tessera_proto::NoticeSink) -> Result<()> {
+        self.router.subscribe(sink)
     }
 
     /// The cluster's status, as the manager sees it.

@@ -17,14 +17,14 @@ use bytes::Bytes;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 use tessera_placement::{
     meta_partition, stripe_partition, Epoch, Ino, NodeId, PartitionId, PartitionTable,
 };
 use tessera_proto::{
-    BufferPool, ClusterConfig, ClusterStatus, ErrorCode, Op, Request, Response, RpcClient,
-    RpcConfig, RpcError, Sink, TableInfo, Waiter,
+    BufferPool, ClusterConfig, ClusterStatus, ErrorCode, Notice, NoticeSink, Op, Request, Response,
+    RpcClient, RpcConfig, RpcError, Sink, TableInfo, Waiter,
 };
 use tokio::sync::OnceCell;
 use tracing::debug;
@@ -277,6 +277,8 @@ type Cell = Arc<OnceCell<Arc<RpcClient>>>;
 pub(crate) struct Router {
     manager_addr: SocketAddr,
     rpc: RpcConfig,
+    /// Where subscribed connections deliver notices, once `subscribe` was called.
+    notices: OnceLock<NoticeSink>,
     failover_timeout: Duration,
     manager: tokio::sync::Mutex<Option<Arc<RpcClient>>>,
     route: RwLock<Arc<Route>>,
@@ -332,6 +334,7 @@ impl Router {
         Ok(Self {
             manager_addr: opts.manager,
             rpc,
+            notices: OnceLock::new(),
             failover_timeout: opts.failover_timeout,
             manager: tokio::sync::Mutex::new(Some(manager)),
             route: RwLock::new(Arc::new(Route::new(info))),
@@ -416,6 +419,10 @@ impl Router {
                         to = info.table.epoch(),
                         "partition table refreshed"
                     );
+                    // Promises were made by the partitions' old primaries.
+                    if let Some(sink) = self.notices.get() {
+                        sink.deliver(Notice::Reset);
+                    }
                 }
                 *self.route.write().unwrap_or_else(PoisonError::into_inner) =
                     Arc::new(Route::new(info));
@@ -425,6 +432,19 @@ impl Router {
             Response::Error(e) => Err(e.into()),
             other => Err(unexpected(&other)),
         }
+    }
+
+    /// From now on, server connections are subscribed and deliver notices to `sink`; the
+    /// connections made before are dropped (new ones replace them as needed). Once only.
+    pub fn subscribe(&self, sink: NoticeSink) -> Result<()> {
+        self.notices
+            .set(sink)
+            .map_err(|_| Error::Invalid("this client is subscribed already".into()))?;
+        self.conns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        Ok(())
     }
 
     /// The connection to `node`, made on first use and remade after it breaks.
@@ -444,7 +464,13 @@ impl Router {
             cell.clone()
         };
         let c = cell
-            .get_or_try_init(|| async { RpcClient::connect(addr, &self.rpc).await.map(Arc::new) })
+            .get_or_try_init(|| async {
+                let c = RpcClient::connect(addr, &self.rpc).await?;
+                if let Some(sink) = self.notices.get() {
+                    c.subscribe(sink.clone()).await?;
+                }
+                Ok::<_, Error>(Arc::new(c))
+            })
             .await?;
         Ok(c.clone())
     }

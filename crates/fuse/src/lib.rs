@@ -8,10 +8,11 @@
 //! its bytes are borrowed from the kernel's buffer and copied once, into the stripe buffer, and
 //! the client returns as soon as they are there (the stripe goes out in the background).
 //!
-//! Consistency: close-to-open, as NFS gives it. The kernel may cache names and attributes for
-//! `attr_ttl` (1 s by default, as NFS and libfuse do), which is what makes `stat` fast, but
-//! every open fetches fresh attributes from the cluster and tells the kernel to drop the ones
-//! it cached; the file's page cache is kept (`KEEP_CACHE`) only while the inode's change
+//! Consistency: close-to-open, as NFS gives it. The kernel may cache names and attributes the
+//! servers promised to report changes to for `lease` (60 s; `leases.rs` drops them when told),
+//! the rest for `attr_ttl` (1 s by default, as NFS and libfuse do), which is what makes `stat`
+//! fast, but every open fetches fresh attributes from the cluster and tells the kernel to drop
+//! the ones it cached; the file's page cache is kept (`KEEP_CACHE`) only while the inode's change
 //! counter shows no change but this mount's own (`Fs::pages`), so an open after another node's
 //! close sees its data and size. A cached name whose file was deleted elsewhere answers ESTALE,
 //! on which the kernel looks the name up again (as for NFS).
@@ -33,6 +34,9 @@ use std::time::{Duration, Instant, SystemTime};
 use tessera_client::{Client, Error, File, FileKind, Inode, Name, OpenOptions, SetAttr, Timespec};
 use tokio::runtime::Handle;
 
+mod leases;
+use leases::{Key, Leases};
+
 /// How to mount.
 #[derive(Debug, Clone)]
 pub struct MountOptions {
@@ -41,6 +45,10 @@ pub struct MountOptions {
     /// How long the kernel may reuse attributes and directory entries (1 s by default). Opens
     /// revalidate whatever the value; `stat` may show another node's changes this late.
     pub attr_ttl: Duration,
+    /// How long the kernel may reuse a name or attributes that a server promised to tell of
+    /// changes to (`leases.rs`; 60 s by default): a change elsewhere drops them at once.
+    /// Zero: no promises, everything cached for `attr_ttl` only.
+    pub lease: Duration,
     /// Let other users in (`allow_other`); permissions are still enforced by the kernel.
     pub allow_other: bool,
     /// Bypass the page cache (every read and write goes to the cluster).
@@ -55,6 +63,7 @@ impl Default for MountOptions {
         Self {
             threads: 8,
             attr_ttl: Duration::from_secs(1),
+            lease: Duration::from_secs(60),
             allow_other: false,
             direct_io: false,
             writeback_cache: false,
@@ -82,6 +91,14 @@ pub fn mount(
     }
     cfg.n_threads = Some(opts.threads.max(1));
     cfg.clone_fd = true;
+    let notifier = Arc::new(OnceLock::new());
+    let leases = if opts.lease.is_zero() || opts.attr_ttl.is_zero() {
+        None
+    } else {
+        let (leases, sink) = Leases::start(notifier.clone())?;
+        client.subscribe(sink).map_err(std::io::Error::other)?;
+        Some(leases)
+    };
     let fs = TesseraFs(Arc::new(Fs {
         client,
         rt,
@@ -91,7 +108,8 @@ pub fn mount(
         changed_dirs: Mutex::default(),
         pages: Mutex::default(),
         next_fh: AtomicU64::new(1),
-        notifier: OnceLock::new(),
+        notifier,
+        leases,
     }));
     let shared = Arc::clone(&fs.0);
     let session = fuser::spawn_mount(fs, dir, &cfg)?;
@@ -171,7 +189,9 @@ struct Fs {
     pages: Mutex<HashMap<u64, u64>>,
     next_fh: AtomicU64,
     /// Set once the session runs; drops the kernel's cached attributes at open.
-    notifier: OnceLock<fuser::Notifier>,
+    notifier: Arc<OnceLock<fuser::Notifier>>,
+    /// Kernel cache times on the servers' promises, unless disabled.
+    leases: Option<Arc<Leases>>,
 }
 
 fn errno(e: &Error) -> Errno {
@@ -305,19 +325,55 @@ impl Fs {
         }
     }
 
-    fn entry(&self, reply: ReplyEntry, r: Result<Inode, Error>) {
+    /// Notices heard so far, if answers may be leased: note it before asking.
+    fn since(&self) -> Option<u64> {
+        self.leases.as_ref().map(|l| l.heard())
+    }
+
+    /// Hands the kernel an answer about `keys`, asked for at `since`, with the time it may
+    /// keep it: the lease time if the servers' promises cover it, else `attr_ttl`.
+    fn with_ttl<R>(
+        &self,
+        since: Option<u64>,
+        keys: impl FnOnce() -> Vec<Key>,
+        send: impl FnOnce(&Duration) -> R,
+    ) -> R {
+        let granted = match (&self.leases, since) {
+            (Some(leases), Some(since)) => leases.grant(since, keys()),
+            _ => None,
+        };
+        match granted {
+            Some(_gate) => send(&self.opts.lease),
+            None => send(&self.opts.attr_ttl),
+        }
+    }
+
+    /// Answers a request for a name; `lease`: (`since`, parent, name) to lease it as
+    /// `with_ttl` says.
+    fn entry(&self, reply: ReplyEntry, r: Result<Inode, Error>, lease: Option<(u64, u64, &[u8])>) {
         match r {
             Ok(i) => {
                 let attr = self.attr(&self.local(i));
-                reply.entry(&self.opts.attr_ttl, &attr, Generation(0));
+                let (since, keys) = match lease {
+                    Some((since, dir, name)) => (
+                        Some(since),
+                        vec![Key::Entry(dir, name.to_vec()), Key::Attr(attr.ino.0)],
+                    ),
+                    None => (None, Vec::new()),
+                };
+                self.with_ttl(since, || keys, |ttl| reply.entry(ttl, &attr, Generation(0)));
             }
             Err(e) => reply.error(errno(&e)),
         }
     }
 
-    fn attr_reply(&self, reply: ReplyAttr, r: Result<Inode, Error>) {
+    fn attr_reply(&self, reply: ReplyAttr, r: Result<Inode, Error>, since: Option<u64>) {
         match r {
-            Ok(i) => reply.attr(&self.opts.attr_ttl, &self.attr(&self.local(i))),
+            Ok(i) => {
+                let attr = self.attr(&self.local(i));
+                let keys = || vec![Key::Attr(attr.ino.0)];
+                self.with_ttl(since, keys, |ttl| reply.attr(ttl, &attr));
+            }
             Err(e) => reply.error(ino_errno(&e)),
         }
     }
@@ -490,22 +546,25 @@ impl Filesystem for TesseraFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = self::name(name);
         self.spawn(move |fs| async move {
+            let since = fs.since();
             let r = fs.client.lookup(parent.0, &name).await;
-            fs.entry(reply, r);
+            let lease = since.map(|s| (s, parent.0, &name[..]));
+            fs.entry(reply, r, lease);
         });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         if let Some(dir) = self.0.changed_dir(ino.0) {
-            return self.0.attr_reply(reply, Ok(dir));
+            return self.0.attr_reply(reply, Ok(dir), None);
         }
         self.spawn(move |fs| async move {
+            let since = fs.since();
             let r = match fh.and_then(|fh| fs.file(fh)) {
                 // An open handle knows of writes not yet published.
                 Some(h) => h.file.lock().await.metadata().await,
                 None => fs.client.getattr(ino.0).await,
             };
-            fs.attr_reply(reply, r);
+            fs.attr_reply(reply, r, since);
         });
     }
 
@@ -557,7 +616,7 @@ impl Filesystem for TesseraFs {
                 fs.changed(i);
             }
             fs.dir_changed(ino.0, None);
-            fs.attr_reply(reply, r);
+            fs.attr_reply(reply, r, None);
         });
     }
 
@@ -608,7 +667,7 @@ impl Filesystem for TesseraFs {
                 }
             };
             fs.dir_changed(parent.0, None);
-            fs.entry(reply, r);
+            fs.entry(reply, r, None);
         });
     }
 
@@ -625,7 +684,7 @@ impl Filesystem for TesseraFs {
         self.spawn(move |fs| async move {
             let r = client.mkdir(parent.0, &name, mode & !umask).await;
             fs.dir_changed(parent.0, None);
-            fs.entry(reply, r);
+            fs.entry(reply, r, None);
         });
     }
 
@@ -667,7 +726,7 @@ impl Filesystem for TesseraFs {
         self.spawn(move |fs| async move {
             let r = client.symlink(parent.0, &name, &target).await;
             fs.dir_changed(parent.0, None);
-            fs.entry(reply, r);
+            fs.entry(reply, r, None);
         });
     }
 
@@ -709,7 +768,7 @@ impl Filesystem for TesseraFs {
         self.spawn(move |fs| async move {
             let r = fs.client.link(ino.0, newparent.0, &newname).await;
             fs.dir_changed(newparent.0, None);
-            fs.entry(reply, r);
+            fs.entry(reply, r, None);
         });
     }
 
@@ -751,6 +810,7 @@ impl Filesystem for TesseraFs {
         let exclusive = flags & libc::O_EXCL != 0;
         let mode = mode & !umask;
         self.spawn(move |fs| async move {
+            let since = fs.since();
             let opts = open_options(flags, mode);
             match client
                 .create_in(parent.0, &name, mode, exclusive, &opts)
@@ -761,8 +821,11 @@ impl Filesystem for TesseraFs {
                     fs.keep_pages(&f.attr());
                     let attr = fs.attr(&f.attr());
                     let fh = fs.keep(f, flags);
-                    let ttl = fs.opts.attr_ttl;
-                    reply.created(&ttl, &attr, Generation(0), fh, fs.open_flags(flags));
+                    let keys = || vec![Key::Entry(parent.0, name.clone()), Key::Attr(attr.ino.0)];
+                    let open = fs.open_flags(flags);
+                    fs.with_ttl(since, keys, |ttl| {
+                        reply.created(ttl, &attr, Generation(0), fh, open);
+                    });
                 }
                 Err(e) => reply.error(errno(&e)),
             }

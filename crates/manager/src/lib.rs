@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use tessera_placement::{meta_partition, validate_stripe_size, ROOT_INO};
 use tessera_proto::{
-    BufferPool, ClusterConfig, ErrorCode, FileKind, Handler, Inode, Op, Reply, Request, Response,
-    RpcClient, RpcConfig, Secret,
+    BufferPool, ClusterConfig, Conn, ErrorCode, FileKind, Handler, Inode, Op, Reply, Request,
+    Response, RpcClient, RpcConfig, Secret,
 };
 use tokio::net::TcpListener;
 use tracing::{info, warn};
@@ -173,7 +173,7 @@ struct ManagerHandler {
 }
 
 impl Handler for ManagerHandler {
-    fn handle(&self, req: Request, _payload: Bytes) -> Reply {
+    fn handle(&self, _: &Conn, req: Request, _payload: Bytes) -> Reply {
         let now = Instant::now();
         let resp = match req {
             Request::Register {
@@ -223,9 +223,9 @@ impl Handler for ManagerHandler {
                 Ok(()) => Response::Ok,
                 Err(e) => Response::Error(e),
             },
-            Request::Op { .. } | Request::Replica { .. } => Response::Error(ErrorCode::Invalid(
-                "the manager serves no file operations".into(),
-            )),
+            Request::Op { .. } | Request::Replica { .. } | Request::Subscribe => Response::Error(
+                ErrorCode::Invalid("the manager serves no file operations".into()),
+            ),
         };
         Reply::Now(resp, Bytes::new())
     }

@@ -4,7 +4,7 @@
 //! offset size field
 //!      0    4 body length (u32 LE): bytes after this field
 //!      4    8 request id (u64 LE): a response carries its request's id
-//!     12    1 kind: 0 request, 1 response
+//!     12    1 kind: 0 request, 1 response, 2 notice (server to subscribed client, id 0)
 //!     13    1 flags: 0
 //!     14    4 header length (u32 LE)
 //!     18    . header: a postcard-encoded `Request` or `Response`
@@ -27,6 +27,7 @@ const BODY_FIXED: u32 = (PREFIX_LEN - 4) as u32;
 pub enum FrameKind {
     Request = 0,
     Response = 1,
+    Notice = 2,
 }
 
 /// Size limits enforced on every frame received.
@@ -137,6 +138,7 @@ pub async fn read_head<R: AsyncRead + Unpin>(
     let kind = match prefix[12] {
         0 => FrameKind::Request,
         1 => FrameKind::Response,
+        2 => FrameKind::Notice,
         k => return Err(FrameError::Malformed(format!("unknown frame kind {k}"))),
     };
     if prefix[13] != 0 {

@@ -19,12 +19,13 @@ pub use frame::{FrameError, Limits};
 pub use msg::*;
 pub use pool::BufferPool;
 pub use rpc::{
-    serve, serve_connection, Handler, Reply, RpcClient, RpcConfig, RpcError, Sink, Waiter,
+    serve, serve_connection, Conn, Handler, NoticeSink, Reply, RpcClient, RpcConfig, RpcError,
+    Sink, Waiter, Watcher,
 };
 
 /// Version of the protocol spoken by this build; both ends must agree. Raise it with any change
 /// to the messages or to what inode numbers mean (2: placed inodes, `DirCreate`, listings and
-/// look-ups carrying inodes; 3: `Inode::change`, `DirUnlink`).
-pub const PROTOCOL_VERSION: u16 = 3;
+/// look-ups carrying inodes; 3: `Inode::change`, `DirUnlink`; 4: `Subscribe` and notices).
+pub const PROTOCOL_VERSION: u16 = 4;
 /// First bytes of every connection.
 pub const MAGIC: [u8; 4] = *b"TSRA";

@@ -360,6 +360,27 @@ pub enum Request {
     GetTable,
     /// Reply: `Status`.
     GetStatus,
+    /// From now on, tell this connection (`Notice` frames) when something it was answered
+    /// changes: the attributes of an inode it got, a name it looked up in a directory (a
+    /// callback promise, as AFS makes them). Reply: `Ok`.
+    Subscribe,
+}
+
+/// A storage server's word to a subscribed connection (frame kind 2, request id 0) that
+/// something it was answered no longer holds. Sent when the change is applied, to everyone but
+/// the connection that made it (except `Attr`, which also goes to the changer: the server may
+/// change more than was asked, a size or a ctime).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Notice {
+    /// Inode `ino`'s attributes changed, or it is gone. Its promise is used up: the connection
+    /// hears of the inode again only after it is answered it again.
+    Attr { ino: Ino },
+    /// Name `name` in directory `dir` was removed or now leads elsewhere.
+    Entry { dir: Ino, name: Name },
+    /// Forget every answer from this server: it could not keep track (its queue to this
+    /// connection overflowed). A client also tells itself this when a connection ends or the
+    /// partition table changes (promises stay with the node that made them).
+    Reset,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,19 +11,19 @@ use crate::auth::{client_handshake, server_handshake, AuthError, Secret};
 use crate::frame::{
     encode_head, read_frame, read_full, read_head, read_payload, FrameError, FrameKind, Limits,
 };
-use crate::msg::{Request, Response};
+use crate::msg::{Notice, Request, Response};
 use crate::pool::BufferPool;
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::io::IoSlice;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
 const IO_BUF: usize = 256 << 10;
@@ -70,6 +70,29 @@ pub enum RpcError {
     Timeout { addr: SocketAddr, after: Duration },
     #[error("cannot encode request: {0}")]
     Encode(String),
+    #[error("{addr} refused: {why}")]
+    Refused { addr: SocketAddr, why: String },
+}
+
+/// Where a subscribed client connection delivers the server's notices (on its reader task:
+/// this must not block). A connection that ends delivers `Notice::Reset`.
+#[derive(Clone)]
+pub struct NoticeSink(Arc<dyn Fn(Notice) + Send + Sync>);
+
+impl NoticeSink {
+    pub fn new(f: impl Fn(Notice) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+
+    pub fn deliver(&self, n: Notice) {
+        (self.0)(n);
+    }
+}
+
+impl std::fmt::Debug for NoticeSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NoticeSink")
+    }
 }
 
 /// A frame on its way out; `sent` bytes of head + payload are on the socket already.
@@ -206,6 +229,7 @@ struct Pending {
 struct Shared {
     addr: SocketAddr,
     pending: Mutex<Pending>,
+    notices: OnceLock<NoticeSink>,
 }
 
 impl Shared {
@@ -264,6 +288,7 @@ impl RpcClient {
         let shared = Arc::new(Shared {
             addr,
             pending: Mutex::default(),
+            notices: OnceLock::new(),
         });
         let sender = Arc::new(Sender {
             half: wr,
@@ -286,6 +311,19 @@ impl RpcClient {
                     Ok(None) => break "closed by peer".to_string(),
                     Err(e) => break e.to_string(),
                 };
+                if head.kind == FrameKind::Notice {
+                    let notice: Notice = match postcard::from_bytes(&head.header) {
+                        Ok(n) => n,
+                        Err(e) => break format!("undecodable notice: {e}"),
+                    };
+                    if head.payload_len > 0 {
+                        break "a notice with a payload".to_string();
+                    }
+                    if let Some(sink) = r_shared.notices.get() {
+                        sink.deliver(notice);
+                    }
+                    continue;
+                }
                 if head.kind != FrameKind::Response {
                     break "peer sent a request on a client connection".to_string();
                 }
@@ -319,6 +357,9 @@ impl RpcClient {
             };
             debug!(addr = %r_shared.addr, "connection ended: {reason}");
             r_shared.close(reason);
+            if let Some(sink) = r_shared.notices.get() {
+                sink.deliver(Notice::Reset);
+            }
         });
         Ok(Self {
             shared,
@@ -379,6 +420,22 @@ impl RpcClient {
             shared: self.shared.clone(),
             timeout: self.request_timeout,
         })
+    }
+
+    /// Asks the server to send this connection's notices to `sink` from now on
+    /// ([`Request::Subscribe`]); once per connection.
+    pub async fn subscribe(&self, sink: NoticeSink) -> Result<(), RpcError> {
+        let addr = self.shared.addr;
+        if self.shared.notices.set(sink).is_err() {
+            return Ok(());
+        }
+        match self.call(&Request::Subscribe, Bytes::new()).await?.0 {
+            Response::Ok => Ok(()),
+            other => Err(RpcError::Refused {
+                addr,
+                why: format!("no notices: {other:?}"),
+            }),
+        }
     }
 
     /// True once the connection is gone; a new one must be made.
@@ -450,7 +507,89 @@ pub enum Reply {
 }
 
 pub trait Handler: Send + Sync + 'static {
-    fn handle(&self, req: Request, payload: Bytes) -> Reply;
+    fn handle(&self, conn: &Conn, req: Request, payload: Bytes) -> Reply;
+}
+
+/// Notices a connection may have queued before it counts as not keeping up (then it is told
+/// `Reset` instead of the ones that did not fit).
+const NOTICE_QUEUE: usize = 4096;
+
+/// The connection a request came on, as a handler sees it.
+#[derive(Default)]
+pub struct Conn {
+    watcher: OnceLock<Watcher>,
+}
+
+impl Conn {
+    /// How to send this connection notices, if it subscribed.
+    #[must_use]
+    pub fn watcher(&self) -> Option<&Watcher> {
+        self.watcher.get()
+    }
+}
+
+/// A subscribed connection's notice queue; cheap to clone and keep.
+#[derive(Clone, Debug)]
+pub struct Watcher {
+    id: u64,
+    tx: mpsc::Sender<Notice>,
+    overflowed: Arc<AtomicBool>,
+}
+
+impl Watcher {
+    /// A notice queue of `capacity` and its receiving end (see `write_notices`).
+    #[must_use]
+    pub fn new(capacity: usize) -> (Self, mpsc::Receiver<Notice>) {
+        static IDS: AtomicU64 = AtomicU64::new(1);
+        let (tx, rx) = mpsc::channel(capacity);
+        let w = Self {
+            id: IDS.fetch_add(1, Ordering::Relaxed),
+            tx,
+            overflowed: Arc::new(AtomicBool::new(false)),
+        };
+        (w, rx)
+    }
+
+    /// Unique among this process's connections.
+    #[must_use]
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Queues `n`; a full queue makes the connection forget everything instead (`Reset`).
+    pub fn notify(&self, n: Notice) {
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(n) {
+            self.overflowed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The connection ended: promises made to it can be dropped.
+    #[must_use]
+    pub fn is_gone(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+type Writer = Arc<tokio::sync::Mutex<BufWriter<OwnedWriteHalf>>>;
+
+/// Writes a subscribed connection's notices as they come, a batch at a time.
+async fn write_notices(w: Writer, mut rx: mpsc::Receiver<Notice>, overflowed: Arc<AtomicBool>) {
+    let mut batch = Vec::new();
+    while rx.recv_many(&mut batch, 256).await > 0 {
+        if overflowed.swap(false, Ordering::Relaxed) {
+            batch.push(Notice::Reset);
+        }
+        let mut w = w.lock().await;
+        for n in batch.drain(..) {
+            if let Err(e) = write_frame(&mut w, 0, FrameKind::Notice, &n, &Bytes::new()).await {
+                debug!("connection ended while sending notices: {e}");
+                return;
+            }
+        }
+        if w.flush().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Accepts connections until the listener fails; each one is served on its own task.
@@ -470,6 +609,25 @@ pub async fn serve(listener: TcpListener, cfg: Arc<RpcConfig>, handler: Arc<dyn 
     }
 }
 
+/// Writes one frame from the serving side, without flushing.
+async fn write_frame<T: serde::Serialize>(
+    w: &mut BufWriter<OwnedWriteHalf>,
+    id: u64,
+    kind: FrameKind,
+    header: &T,
+    payload: &Bytes,
+) -> std::io::Result<()> {
+    let head = postcard::to_allocvec(header)
+        .map_err(|e| e.to_string())
+        .and_then(|h| encode_head(id, kind, &h, payload.len()).map_err(|e| e.to_string()))
+        .map_err(|e| std::io::Error::other(format!("cannot encode a frame: {e}")))?;
+    w.write_all(&head).await?;
+    if !payload.is_empty() {
+        w.write_all(payload).await?;
+    }
+    Ok(())
+}
+
 /// Writes one answer (and flushes, if asked).
 async fn answer_with(
     w: &mut BufWriter<OwnedWriteHalf>,
@@ -478,16 +636,7 @@ async fn answer_with(
     payload: &Bytes,
     flush: bool,
 ) -> std::io::Result<()> {
-    let head = postcard::to_allocvec(resp)
-        .map_err(|e| e.to_string())
-        .and_then(|h| {
-            encode_head(id, FrameKind::Response, &h, payload.len()).map_err(|e| e.to_string())
-        })
-        .map_err(|e| std::io::Error::other(format!("cannot encode a response: {e}")))?;
-    w.write_all(&head).await?;
-    if !payload.is_empty() {
-        w.write_all(payload).await?;
-    }
+    write_frame(w, id, FrameKind::Response, resp, payload).await?;
     if flush {
         w.flush().await?;
     }
@@ -510,10 +659,12 @@ pub async fn serve_connection(
     let (rd, wr) = stream.into_split();
     // Answers are written by this task, not handed to another (one wake-up less per request),
     // except detached ones, written by their own task when ready.
-    let w = Arc::new(tokio::sync::Mutex::new(BufWriter::with_capacity(
+    let w: Writer = Arc::new(tokio::sync::Mutex::new(BufWriter::with_capacity(
         IO_BUF, wr,
     )));
     let mut rd = BufReader::with_capacity(IO_BUF, rd);
+    let conn = Conn::default();
+    let mut notices = None;
     loop {
         let frame = match read_frame(&mut rd, cfg.limits, &cfg.pool).await {
             Ok(Some(f)) => f,
@@ -538,7 +689,19 @@ pub async fn serve_connection(
                 break;
             }
         };
-        let (resp, payload) = match handler.handle(req, frame.payload) {
+        let reply = match req {
+            Request::Subscribe => {
+                if conn.watcher.get().is_none() {
+                    let (watcher, rx) = Watcher::new(NOTICE_QUEUE);
+                    let overflowed = watcher.overflowed.clone();
+                    let _ = conn.watcher.set(watcher);
+                    notices = Some(tokio::spawn(write_notices(w.clone(), rx, overflowed)));
+                }
+                Reply::Now(Response::Ok, Bytes::new())
+            }
+            req => handler.handle(&conn, req, frame.payload),
+        };
+        let (resp, payload) = match reply {
             Reply::Now(resp, payload) => (resp, payload),
             Reply::Later(answer) => answer.await,
             Reply::Detached(answer) => {
@@ -568,6 +731,9 @@ pub async fn serve_connection(
             return;
         }
     }
+    if let Some(task) = notices {
+        task.abort();
+    }
     let mut w = w.lock().await;
     if let Err(e) = w.shutdown().await {
         debug!(%peer, "connection ended: {e}");
@@ -583,7 +749,7 @@ mod tests {
     /// Echoes the payload back; `NodeStats` answers an error.
     struct Echo;
     impl Handler for Echo {
-        fn handle(&self, req: Request, payload: Bytes) -> Reply {
+        fn handle(&self, _: &Conn, req: Request, payload: Bytes) -> Reply {
             match req {
                 Request::Op {
                     op: Op::NodeStats, ..

@@ -10,6 +10,7 @@
 
 use crate::peers::Peers;
 use crate::store::{Delta, Snapshot, Store};
+use crate::watch::{self, Watches};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -17,8 +18,8 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 use tessera_placement::{meta_partition, stripe_partition, Epoch, NodeId, PartitionId};
 use tessera_proto::{
-    BufferPool, ClusterConfig, ErrorCode, Handler, NodeStats, Op, Reply, Request, Response,
-    RpcConfig, TableInfo,
+    BufferPool, ClusterConfig, Conn, ErrorCode, Handler, NodeStats, Op, Reply, Request, Response,
+    RpcConfig, TableInfo, Watcher,
 };
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
@@ -64,6 +65,8 @@ pub struct NodeHandler {
     pub(crate) peers: Peers,
     /// One replicated metadata change (or fencing) per partition at a time, at the primary.
     meta_locks: Vec<tokio::sync::Mutex<()>>,
+    /// Callback promises made to subscribed connections, per partition.
+    watches: Watches,
     sessions: Mutex<HashMap<(PartitionId, NodeId), Session>>,
     /// Partitions fenced for a sync's last round: the epoch they were fenced at, and when.
     fences: Mutex<HashMap<PartitionId, (Epoch, Instant)>>,
@@ -123,6 +126,7 @@ impl NodeHandler {
             meta_locks: (0..config.partitions)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
+            watches: Watches::new(config.partitions, watch::MAX_PROMISES),
             sessions: Mutex::default(),
             fences: Mutex::default(),
             fault_delay: Duration::ZERO,
@@ -318,7 +322,13 @@ impl NodeHandler {
         }
     }
 
-    fn serve(self: &Arc<Self>, epoch: Epoch, op: Op, payload: Bytes) -> Reply {
+    fn serve(
+        self: &Arc<Self>,
+        from: Option<&Watcher>,
+        epoch: Epoch,
+        op: Op,
+        payload: Bytes,
+    ) -> Reply {
         let Some(t) = self.table() else {
             self.want_refresh();
             return now(err(ErrorCode::NotReady(
@@ -344,8 +354,10 @@ impl NodeHandler {
             if t.info.table.primary(p) != Some(self.node) {
                 return now(err(stale(t.info.table.epoch())));
             }
-            let h = self.clone();
-            return Reply::Detached(Box::pin(async move { h.replicate(epoch, p, op).await }));
+            let (h, from) = (self.clone(), from.cloned());
+            return Reply::Detached(Box::pin(async move {
+                h.replicate(from.as_ref(), epoch, p, op).await
+            }));
         }
         if !self.fault_delay.is_zero()
             && matches!(op, Op::ReadStripe { .. } | Op::WriteStripe { .. })
@@ -356,11 +368,17 @@ impl NodeHandler {
                 h.apply(&t.held, p, op, payload)
             }));
         }
-        now(self.apply(&t.held, p, op, payload))
+        now(self.apply_promised(from, &t.held, p, op, payload))
     }
 
     /// A metadata change at the primary: the mirrors first, then here.
-    async fn replicate(self: Arc<Self>, epoch: Epoch, p: PartitionId, op: Op) -> Answer {
+    async fn replicate(
+        self: Arc<Self>,
+        from: Option<&Watcher>,
+        epoch: Epoch,
+        p: PartitionId,
+        op: Op,
+    ) -> Answer {
         let _one_at_a_time = self.meta_locks[p as usize].lock().await;
         if self.store.is_fenced(p) {
             return err(ErrorCode::NotReady(format!(
@@ -381,7 +399,39 @@ impl NodeHandler {
             return err(e);
         }
         let held = self.table().map(|t| t.held.clone()).unwrap_or_default();
-        self.apply(&held, p, op, Bytes::new())
+        self.apply_promised(from, &held, p, op, Bytes::new())
+    }
+
+    /// [`Self::apply`] at the primary, breaking the callback promises a change makes untrue and
+    /// making those an answer to `from` (if it subscribed) implies (`watch.rs`). Mirrors
+    /// make no promises: clients ask primaries.
+    fn apply_promised(
+        &self,
+        from: Option<&Watcher>,
+        held: &[PartitionId],
+        p: PartitionId,
+        op: Op,
+        payload: Bytes,
+    ) -> Answer {
+        let change = is_meta_change(&op);
+        let read = matches!(op, Op::InodeGet { .. } | Op::DirLookup { .. });
+        let locked = if change || (read && from.is_some()) {
+            self.watches.lock(p)
+        } else {
+            None
+        };
+        let Some(mut locked) = locked else {
+            return self.apply(held, p, op, payload);
+        };
+        let asked = op.clone();
+        let answer = self.apply(held, p, op, payload);
+        if change {
+            locked.r#break(from, watch::broken(&asked, &answer.0));
+        }
+        if let Some(w) = from {
+            locked.promise(w, watch::promised(&asked, &answer.0));
+        }
+        answer
     }
 
     /// Delivers a change to mirror `m`. Done when the mirror answered (applied, or refused the
@@ -684,12 +734,12 @@ fn links((nlink, drop_data): (u32, bool)) -> Answer {
 pub struct Service(pub Arc<NodeHandler>);
 
 impl Handler for Service {
-    fn handle(&self, req: Request, payload: Bytes) -> Reply {
+    fn handle(&self, conn: &Conn, req: Request, payload: Bytes) -> Reply {
         let h = &self.0;
         match req {
             Request::Op { epoch, op } => {
                 h.load.fetch_add(1, Ordering::Relaxed);
-                let reply = h.serve(epoch, op, payload);
+                let reply = h.serve(conn.watcher(), epoch, op, payload);
                 h.load.fetch_sub(1, Ordering::Relaxed);
                 reply
             }
@@ -782,7 +832,7 @@ mod tests {
         let (h, info) = handler(1);
         let data = Bytes::from_static(b"x");
         assert!(matches!(
-            answer(h.handle(write(1, 0, 3), data.clone())),
+            answer(h.handle(&Conn::default(), write(1, 0, 3), data.clone())),
             Response::Error(ErrorCode::NotReady(_))
         ));
         h.0.install(info.clone());
@@ -794,19 +844,19 @@ mod tests {
             .find(|&s| !info.table.holds(1, stripe_partition(1, s, P)))
             .unwrap();
         assert_eq!(
-            answer(h.handle(write(1, mine, 3), data.clone())),
+            answer(h.handle(&Conn::default(), write(1, mine, 3), data.clone())),
             Response::Ok
         );
         assert_eq!(
-            answer(h.handle(write(1, theirs, 3), data.clone())),
+            answer(h.handle(&Conn::default(), write(1, theirs, 3), data.clone())),
             Response::Error(ErrorCode::StaleEpoch { current: 3 })
         );
         assert_eq!(
-            answer(h.handle(write(1, mine, 2), data.clone())),
+            answer(h.handle(&Conn::default(), write(1, mine, 2), data.clone())),
             Response::Error(ErrorCode::StaleEpoch { current: 3 })
         );
         assert_eq!(
-            answer(h.handle(write(1, mine, 4), data)),
+            answer(h.handle(&Conn::default(), write(1, mine, 4), data)),
             Response::Error(ErrorCode::StaleEpoch { current: 3 })
         );
         // An older table never replaces a newer one.
@@ -815,10 +865,11 @@ mod tests {
         h.0.install(old);
         assert_eq!(h.0.epoch(), Some(3));
         assert!(matches!(
-            answer(h.handle(Request::GetTable, Bytes::new())),
+            answer(h.handle(&Conn::default(), Request::GetTable, Bytes::new())),
             Response::Error(ErrorCode::Invalid(_))
         ));
         let stats = answer(h.handle(
+            &Conn::default(),
             Request::Op {
                 epoch: 3,
                 op: Op::NodeStats,

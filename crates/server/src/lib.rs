@@ -7,6 +7,7 @@ pub mod handler;
 mod peers;
 pub mod store;
 mod sync;
+pub mod watch;
 
 use handler::{NodeHandler, Service};
 use std::net::SocketAddr;

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tessera_placement::{assign, meta_partition, NodeId, NodeWeight, PartitionTable, ROOT_INO};
 use tessera_proto::{
-    serve, BufferPool, ClusterConfig, ErrorCode, FileKind, Handler, Inode, NodeAddr, Op, Reply,
-    Request, Response, RpcClient, RpcConfig, Secret, TableInfo,
+    serve, BufferPool, ClusterConfig, Conn, ErrorCode, FileKind, Handler, Inode, NodeAddr, Op,
+    Reply, Request, Response, RpcClient, RpcConfig, Secret, TableInfo,
 };
 
 /// A scripted manager on 127.0.0.1 and `servers` real storage servers on 127.0.0.2 on, which
@@ -135,7 +135,7 @@ impl FakeManager {
 }
 
 impl Handler for FakeManager {
-    fn handle(&self, req: Request, _: Bytes) -> Reply {
+    fn handle(&self, _: &Conn, req: Request, _: Bytes) -> Reply {
         let resp = match req {
             Request::Register { addr, .. } => {
                 let mut m = self.members.lock().unwrap();

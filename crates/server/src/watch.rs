@@ -1,0 +1,347 @@
+//! Callback promises, as AFS makes them: which subscribed connections were answered what, so
+//! that a change tells them at once and their caches (the FUSE mount's kernel cache) may keep
+//! answers far longer than a fixed attribute timeout would allow.
+//!
+//! Two kinds, both kept in the partition that holds the thing promised (so a promise and the
+//! changes that break it meet under one lock, [`Watches::lock`]):
+//! - on an inode's attributes, used up by the first change (the holder asks again, and is
+//!   promised again, when it needs the attributes);
+//! - on a directory's names, kept while the connection lives: removing or replacing any name
+//!   in it sends that name.
+//!
+//! What an answer promises and what a change breaks are pure functions of the request and its
+//! answer ([`promised`], [`broken`]). Promises are bounded ([`MAX_PROMISES`] per node): past
+//! the bound a promise is not kept but broken at once, which is always correct.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use tessera_placement::PartitionId;
+use tessera_proto::{Ino, Name, Notice, Op, Response, Watcher};
+
+/// Promises one node keeps at most (a few tens of bytes each).
+pub const MAX_PROMISES: usize = 1 << 20;
+
+#[derive(Default)]
+struct Part {
+    attrs: HashMap<Ino, Vec<Watcher>>,
+    dirs: HashMap<Ino, Vec<Watcher>>,
+}
+
+pub struct Watches {
+    parts: Vec<Mutex<Part>>,
+    kept: AtomicUsize,
+    limit: usize,
+}
+
+/// What an answer lets its receiver cache.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Promised {
+    pub attrs: Vec<Ino>,
+    /// A directory and the names of it the answer showed.
+    pub names: Option<(Ino, Vec<Name>)>,
+}
+
+/// What answering `op` with `resp` lets the receiver cache.
+#[must_use]
+pub fn promised(op: &Op, resp: &Response) -> Promised {
+    match (op, resp) {
+        (Op::DirLookup { dir, name }, Response::Found { inode, .. }) => Promised {
+            attrs: inode.iter().map(|i| i.ino).collect(),
+            names: Some((*dir, vec![name.clone()])),
+        },
+        // Answered with the directory; the new file's attributes are the request's.
+        (
+            Op::DirCreate {
+                dir, name, inode, ..
+            },
+            Response::Inode(_),
+        ) => Promised {
+            attrs: vec![inode.ino],
+            names: Some((*dir, vec![name.clone()])),
+        },
+        (Op::DirList { dir, .. }, Response::Entries { entries, .. }) => Promised {
+            attrs: entries
+                .iter()
+                .filter_map(|(_, _, i)| i.as_ref())
+                .map(|i| i.ino)
+                .collect(),
+            names: Some((*dir, entries.iter().map(|(n, _, _)| n.clone()).collect())),
+        },
+        (_, Response::Inode(i)) => Promised {
+            attrs: vec![i.ino],
+            names: None,
+        },
+        _ => Promised::default(),
+    }
+}
+
+/// What a change, `op` answered with `resp`, makes untrue.
+#[must_use]
+pub fn broken(op: &Op, resp: &Response) -> Vec<Notice> {
+    let attr = |ino: Ino| Notice::Attr { ino };
+    let entry = |dir: Ino, name: &Name| Notice::Entry {
+        dir,
+        name: name.clone(),
+    };
+    match (op, resp) {
+        (_, Response::Error(_)) => vec![],
+        (
+            Op::InodeSetAttr { ino, .. } | Op::InodeExtend { ino, .. } | Op::InodeLink { ino, .. },
+            _,
+        ) => vec![attr(*ino)],
+        (Op::DirInsert { dir, name, .. }, Response::Replaced(old)) => match old {
+            Some(_) => vec![attr(*dir), entry(*dir, name)],
+            None => vec![attr(*dir)],
+        },
+        (Op::DirRemove { dir, name, .. }, _) => vec![attr(*dir), entry(*dir, name)],
+        (
+            Op::DirUnlink { dir, name, .. },
+            Response::Unlinked {
+                entry: e, nlink, ..
+            },
+        ) => {
+            let mut out = vec![attr(*dir), entry(*dir, name)];
+            if nlink.is_some() {
+                out.push(attr(e.ino));
+            }
+            out
+        }
+        (Op::DirRename { dir, from, to, .. }, _) => {
+            vec![attr(*dir), entry(*dir, from), entry(*dir, to)]
+        }
+        (Op::DirDestroy { dir } | Op::DirCreate { dir, .. }, _) => vec![attr(*dir)],
+        _ => vec![],
+    }
+}
+
+/// One partition's promises, locked: hold it across applying a request and keeping or
+/// breaking its promises, so no change slips between an answer and its promise.
+pub struct Locked<'a> {
+    part: MutexGuard<'a, Part>,
+    kept: &'a AtomicUsize,
+    limit: usize,
+}
+
+impl Watches {
+    #[must_use]
+    pub fn new(partitions: u32, limit: usize) -> Self {
+        Self {
+            parts: (0..partitions).map(|_| Mutex::default()).collect(),
+            kept: AtomicUsize::new(0),
+            limit,
+        }
+    }
+
+    pub fn lock(&self, p: PartitionId) -> Option<Locked<'_>> {
+        let part = self.parts.get(p as usize)?;
+        Some(Locked {
+            part: part.lock().unwrap_or_else(PoisonError::into_inner),
+            kept: &self.kept,
+            limit: self.limit,
+        })
+    }
+
+    /// Promises kept now.
+    #[must_use]
+    pub fn kept(&self) -> usize {
+        self.kept.load(Ordering::Relaxed)
+    }
+}
+
+/// Adds `w` to `key`'s holders in `map`; false if that would pass the bound.
+fn keep(
+    kept: &AtomicUsize,
+    limit: usize,
+    map: &mut HashMap<Ino, Vec<Watcher>>,
+    key: Ino,
+    w: &Watcher,
+) -> bool {
+    let holders = map.entry(key).or_default();
+    let before = holders.len();
+    holders.retain(|h| !h.is_gone());
+    kept.fetch_sub(before - holders.len(), Ordering::Relaxed);
+    if holders.iter().any(|h| h.id() == w.id()) {
+        return true;
+    }
+    if kept.load(Ordering::Relaxed) >= limit {
+        if holders.is_empty() {
+            map.remove(&key);
+        }
+        return false;
+    }
+    holders.push(w.clone());
+    kept.fetch_add(1, Ordering::Relaxed);
+    true
+}
+
+impl Locked<'_> {
+    /// `w` was answered what `p` describes: promise to tell it of changes.
+    pub fn promise(&mut self, w: &Watcher, p: Promised) {
+        let part = &mut *self.part;
+        for ino in p.attrs {
+            if !keep(self.kept, self.limit, &mut part.attrs, ino, w) {
+                w.notify(Notice::Attr { ino });
+            }
+        }
+        if let Some((dir, names)) = p.names {
+            if !keep(self.kept, self.limit, &mut part.dirs, dir, w) {
+                for name in names {
+                    w.notify(Notice::Entry { dir, name });
+                }
+            }
+        }
+    }
+
+    /// A change made `notices` untrue: tell the holders. Names are not sent back to the
+    /// connection that changed them (`origin`), whose own cache saw the change; attributes
+    /// are, since the server may have changed more than that connection asked.
+    pub fn r#break(&mut self, origin: Option<&Watcher>, notices: Vec<Notice>) {
+        let part = &mut *self.part;
+        for n in notices {
+            match &n {
+                Notice::Attr { ino } => {
+                    for h in part.attrs.remove(ino).unwrap_or_default() {
+                        self.kept.fetch_sub(1, Ordering::Relaxed);
+                        h.notify(n.clone());
+                    }
+                }
+                Notice::Entry { dir, .. } => {
+                    let Some(holders) = part.dirs.get(dir) else {
+                        continue;
+                    };
+                    for h in holders {
+                        if origin.is_none_or(|o| o.id() != h.id()) {
+                            h.notify(n.clone());
+                        }
+                    }
+                }
+                Notice::Reset => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_proto::{DirEntry, FileKind, Inode, Timespec};
+
+    fn file(ino: Ino) -> Inode {
+        Inode::new(ino, FileKind::File, 0o644, 0, 0, 1, Vec::new())
+    }
+
+    fn lookup(dir: Ino, name: &str, ino: Ino) -> (Op, Response) {
+        let op = Op::DirLookup {
+            dir,
+            name: name.into(),
+        };
+        let entry = DirEntry {
+            ino,
+            kind: FileKind::File,
+        };
+        let resp = Response::Found {
+            entry,
+            inode: Some(file(ino)),
+        };
+        (op, resp)
+    }
+
+    fn unlink(dir: Ino, name: &str, ino: Ino) -> (Op, Response) {
+        let op = Op::DirUnlink {
+            dir,
+            name: name.into(),
+            mtime: Timespec::now(),
+        };
+        let resp = Response::Unlinked {
+            entry: DirEntry {
+                ino,
+                kind: FileKind::File,
+            },
+            nlink: Some(0),
+            drop_data: false,
+            dir: file(dir),
+        };
+        (op, resp)
+    }
+
+    fn drain(rx: &mut tokio::sync::mpsc::Receiver<Notice>) -> Vec<Notice> {
+        std::iter::from_fn(|| rx.try_recv().ok()).collect()
+    }
+
+    #[test]
+    fn a_change_tells_those_answered_and_names_skip_the_changer() {
+        let w = Watches::new(4, 100);
+        let (a, mut ra) = Watcher::new(64);
+        let (b, mut rb) = Watcher::new(64);
+        let (op, resp) = lookup(7, "f", 9);
+        w.lock(0).unwrap().promise(&a, promised(&op, &resp));
+        w.lock(0).unwrap().promise(&b, promised(&op, &resp));
+        assert_eq!(w.kept(), 4);
+        // b unlinks f: a hears of the name and the inode, b of the inode only.
+        let (op, resp) = unlink(7, "f", 9);
+        w.lock(0).unwrap().r#break(Some(&b), broken(&op, &resp));
+        let entry = Notice::Entry {
+            dir: 7,
+            name: b"f".to_vec(),
+        };
+        assert_eq!(drain(&mut ra), vec![entry, Notice::Attr { ino: 9 }]);
+        assert_eq!(drain(&mut rb), vec![Notice::Attr { ino: 9 }]);
+        // Attribute promises are used up; the directory's names stay watched.
+        assert_eq!(w.kept(), 2);
+        let (op, resp) = unlink(7, "f", 9);
+        w.lock(0).unwrap().r#break(None, broken(&op, &resp));
+        assert_eq!(drain(&mut ra).len(), 1);
+        // Another partition's lock holds other promises.
+        w.lock(1).unwrap().r#break(None, broken(&op, &resp));
+        assert!(drain(&mut ra).is_empty());
+    }
+
+    #[test]
+    fn past_the_bound_a_promise_is_broken_at_once_and_gone_watchers_are_dropped() {
+        let w = Watches::new(1, 2);
+        let (a, mut ra) = Watcher::new(64);
+        let (op, resp) = lookup(7, "f", 9);
+        w.lock(0).unwrap().promise(&a, promised(&op, &resp));
+        let (op, resp) = lookup(8, "g", 10);
+        w.lock(0).unwrap().promise(&a, promised(&op, &resp));
+        let expected = vec![
+            Notice::Attr { ino: 10 },
+            Notice::Entry {
+                dir: 8,
+                name: b"g".to_vec(),
+            },
+        ];
+        assert_eq!(drain(&mut ra), expected);
+        assert_eq!(w.kept(), 2);
+        drop(ra);
+        let (b, _rb) = Watcher::new(64);
+        let (op, resp) = lookup(7, "f", 9);
+        w.lock(0).unwrap().promise(&b, promised(&op, &resp));
+        assert_eq!(
+            w.kept(),
+            2,
+            "a's promises on 7 and 9 went with its connection"
+        );
+    }
+
+    #[test]
+    fn creates_break_the_directory_and_reads_break_nothing() {
+        let create = Op::DirCreate {
+            dir: 7,
+            name: b"n".to_vec(),
+            inode: file(11),
+            mtime: Timespec::now(),
+        };
+        let dir = Inode::new(7, FileKind::Dir, 0o755, 0, 0, 2, Vec::new());
+        let answer = Response::Inode(dir);
+        assert_eq!(broken(&create, &answer), vec![Notice::Attr { ino: 7 }]);
+        // The file is promised, not the directory it is answered with.
+        assert_eq!(promised(&create, &answer).attrs, vec![11]);
+        let (op, resp) = lookup(7, "f", 9);
+        assert!(broken(&op, &resp).is_empty());
+        let failed = Response::Error(tessera_proto::ErrorCode::NotFound);
+        assert!(broken(&unlink(7, "f", 9).0, &failed).is_empty());
+        assert_eq!(promised(&op, &failed), Promised::default());
+    }
+}
