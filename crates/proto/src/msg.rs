@@ -368,8 +368,8 @@ pub enum Request {
 
 /// A storage server's word to a subscribed connection (frame kind 2, request id 0) that
 /// something it was answered no longer holds. Sent when the change is applied, to everyone but
-/// the connection that made it (except `Attr`, which also goes to the changer: the server may
-/// change more than was asked, a size or a ctime).
+/// the connection that made it (whose cache saw the change), unless the server changed more
+/// than that connection asked (a size after an N-to-1 write).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Notice {
     /// Inode `ino`'s attributes changed, or it is gone. Its promise is used up: the connection

@@ -426,7 +426,8 @@ impl NodeHandler {
         let asked = op.clone();
         let answer = self.apply(held, p, op, payload);
         if change {
-            locked.r#break(from, watch::broken(&asked, &answer.0));
+            let origin_too = watch::origin_told(&asked);
+            locked.r#break(from, origin_too, watch::broken(&asked, &answer.0));
         }
         if let Some(w) = from {
             locked.promise(w, watch::promised(&asked, &answer.0));

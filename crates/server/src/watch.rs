@@ -115,6 +115,14 @@ pub fn broken(op: &Op, resp: &Response) -> Vec<Notice> {
     }
 }
 
+/// Must the connection that made this change be told of it too? An extent published at a
+/// close may leave a size other than the writer's (N-to-1: the largest extent wins) and sets
+/// the time; every other change is one its kernel applied itself.
+#[must_use]
+pub fn origin_told(op: &Op) -> bool {
+    matches!(op, Op::InodeExtend { .. })
+}
+
 /// One partition's promises, locked: hold it across applying a request and keeping or
 /// breaking its promises, so no change slips between an answer and its promise.
 pub struct Locked<'a> {
@@ -193,27 +201,36 @@ impl Locked<'_> {
         }
     }
 
-    /// A change made `notices` untrue: tell the holders. Names are not sent back to the
-    /// connection that changed them (`origin`), whose own cache saw the change; attributes
-    /// are, since the server may have changed more than that connection asked.
-    pub fn r#break(&mut self, origin: Option<&Watcher>, notices: Vec<Notice>) {
+    /// A change made `notices` untrue: tell the holders. The connection that made it
+    /// (`origin`) is not told, its own cache saw the change (and keeps its promises), unless
+    /// `origin_too`: the server changed more than it asked ([`origin_told`]).
+    pub fn r#break(&mut self, origin: Option<&Watcher>, origin_too: bool, notices: Vec<Notice>) {
         let part = &mut *self.part;
+        let is_origin = |h: &Watcher| origin.is_some_and(|o| o.id() == h.id());
         for n in notices {
             match &n {
                 Notice::Attr { ino } => {
-                    for h in part.attrs.remove(ino).unwrap_or_default() {
-                        self.kept.fetch_sub(1, Ordering::Relaxed);
-                        h.notify(n.clone());
+                    let Some(mut holders) = part.attrs.remove(ino) else {
+                        continue;
+                    };
+                    holders.retain(|h| {
+                        let keep = is_origin(h) && !origin_too;
+                        if !keep {
+                            self.kept.fetch_sub(1, Ordering::Relaxed);
+                            h.notify(n.clone());
+                        }
+                        keep
+                    });
+                    if !holders.is_empty() {
+                        part.attrs.insert(*ino, holders);
                     }
                 }
                 Notice::Entry { dir, .. } => {
                     let Some(holders) = part.dirs.get(dir) else {
                         continue;
                     };
-                    for h in holders {
-                        if origin.is_none_or(|o| o.id() != h.id()) {
-                            h.notify(n.clone());
-                        }
+                    for h in holders.iter().filter(|h| !is_origin(h)) {
+                        h.notify(n.clone());
                     }
                 }
                 Notice::Reset => {}
@@ -278,22 +295,37 @@ mod tests {
         w.lock(0).unwrap().promise(&a, promised(&op, &resp));
         w.lock(0).unwrap().promise(&b, promised(&op, &resp));
         assert_eq!(w.kept(), 4);
-        // b unlinks f: a hears of the name and the inode, b of the inode only.
+        // b unlinks f: a hears of the name and the inode, b of nothing (its kernel knows).
         let (op, resp) = unlink(7, "f", 9);
-        w.lock(0).unwrap().r#break(Some(&b), broken(&op, &resp));
+        assert!(!origin_told(&op));
+        w.lock(0)
+            .unwrap()
+            .r#break(Some(&b), false, broken(&op, &resp));
         let entry = Notice::Entry {
             dir: 7,
             name: b"f".to_vec(),
         };
         assert_eq!(drain(&mut ra), vec![entry, Notice::Attr { ino: 9 }]);
+        assert!(drain(&mut rb).is_empty());
+        // a's attribute promise is used up, b's kept; the directory's names stay watched.
+        assert_eq!(w.kept(), 3);
+        let extend = Op::InodeExtend {
+            ino: 9,
+            size: 1,
+            mtime: Timespec::now(),
+        };
+        assert!(origin_told(&extend));
+        let answer = Response::Inode(file(9));
+        w.lock(0)
+            .unwrap()
+            .r#break(Some(&b), true, broken(&extend, &answer));
         assert_eq!(drain(&mut rb), vec![Notice::Attr { ino: 9 }]);
-        // Attribute promises are used up; the directory's names stay watched.
+        assert!(drain(&mut ra).is_empty());
         assert_eq!(w.kept(), 2);
-        let (op, resp) = unlink(7, "f", 9);
-        w.lock(0).unwrap().r#break(None, broken(&op, &resp));
+        w.lock(0).unwrap().r#break(None, false, broken(&op, &resp));
         assert_eq!(drain(&mut ra).len(), 1);
         // Another partition's lock holds other promises.
-        w.lock(1).unwrap().r#break(None, broken(&op, &resp));
+        w.lock(1).unwrap().r#break(None, false, broken(&op, &resp));
         assert!(drain(&mut ra).is_empty());
     }
 
