@@ -1,6 +1,7 @@
 """FUSE benchmark driver (run by scripts/bench-fuse.sh): fio sequential 1 MiB write and read,
 random 4 KiB reads, `dd` writing, reading and re-reading the same size, and a metadata test
-(creates, stats, unlinks per second from 1 and 4 processes) on each directory given, printed as
+(creates, stats, listings, probes of absent names, unlinks per second from 1 and 4
+processes) on each directory given, printed as
 a table with ratios to the first ones.
 
 Usage: python3 scripts/bench_fuse.py SIZE NAME=DIR [NAME=DIR ...]
@@ -51,7 +52,7 @@ def dd(directory: str, size: str) -> dict[str, float]:
     return out
 
 
-def _meta_worker(args: tuple[str, int, int]) -> tuple[float, float, float, float]:
+def _meta_worker(args: tuple[str, int, int]) -> tuple[float, float, float, float, float]:
     directory, worker, n = args
     d = os.path.join(directory, f"meta{worker}")
     os.makedirs(d, exist_ok=True)
@@ -67,11 +68,17 @@ def _meta_worker(args: tuple[str, int, int]) -> tuple[float, float, float, float
     listed = sum(1 for e in os.scandir(d) if e.stat(follow_symlinks=False).st_size == 0)
     assert listed == n, listed
     t3 = time.perf_counter()
+    # Probes: a stat of a name that does not exist, each asked twice, as searches along PATH
+    # or sys.path repeat (every Python start looks for the same absent modules).
+    for _ in range(2):
+        for p in names:
+            os.path.exists(p + ".missing")
+    t4 = time.perf_counter()
     for p in names:
         os.unlink(p)
-    t4 = time.perf_counter()
+    t5 = time.perf_counter()
     os.rmdir(d)
-    return (t1 - t0, t2 - t1, t4 - t3, t3 - t2)
+    return (t1 - t0, t2 - t1, t5 - t4, t3 - t2, (t4 - t3) / 2)
 
 
 def meta(directory: str, procs: int) -> dict[str, float]:
@@ -85,6 +92,7 @@ def meta(directory: str, procs: int) -> dict[str, float]:
         "stats/s": total / max(t[1] for t in times),
         "unlinks/s": total / max(t[2] for t in times),
         "listed/s": total / max(t[3] for t in times),
+        "probes/s": total / max(t[4] for t in times),
     }
 
 

@@ -569,3 +569,22 @@ def test_stat_sees_changes_elsewhere_at_once_though_cached_long(d: Path, third: 
     os.rename(d / "f2", d / "f")  # replaces a name the third mount holds
     _soon("replaced", lambda: (third / "f").stat().st_size == len(b"replacement"))
     assert (third / "f").read_bytes() == b"replacement"
+
+
+def test_names_appearing_elsewhere_are_seen_though_absence_is_cached(d: Path, third: Path) -> None:
+    """The third mount's kernel remembers that a name does not exist, on the servers' promise
+    or after its own unlink; a name created on another node reaches it at once (issue 3)."""
+    assert not (third / "later").exists()  # absence promised
+    (third / "mine").write_bytes(b"1")
+    os.unlink(third / "mine")  # absence known from its own unlink
+    assert not (third / "sub").exists() and not (third / "moved").exists()
+    (d / "later").write_bytes(b"later")
+    (d / "mine").write_bytes(b"again")
+    _soon("a new name", lambda: (third / "later").exists())
+    _soon("a name this mount unlinked, created again", lambda: (third / "mine").exists())
+    assert (third / "mine").read_bytes() == b"again"
+    os.mkdir(d / "sub")
+    _soon("a new directory", lambda: (third / "sub").is_dir())
+    os.rename(d / "later", d / "moved")
+    _soon("a name renamed in", lambda: (third / "moved").exists())
+    assert (third / "moved").read_bytes() == b"later"

@@ -9,13 +9,14 @@
 //! the client returns as soon as they are there (the stripe goes out in the background).
 //!
 //! Consistency: close-to-open, as NFS gives it. The kernel may cache names and attributes the
-//! servers promised to report changes to for `lease` (60 s; `leases.rs` drops them when told),
-//! the rest for `attr_ttl` (1 s by default, as NFS and libfuse do), which is what makes `stat`
-//! fast, but every open fetches fresh attributes from the cluster and tells the kernel to drop
-//! the ones it cached; the file's page cache is kept (`KEEP_CACHE`) only while the inode's change
-//! counter shows no change but this mount's own (`Fs::pages`), so an open after another node's
-//! close sees its data and size. A cached name whose file was deleted elsewhere answers ESTALE,
-//! on which the kernel looks the name up again (as for NFS).
+//! servers promised to report changes to for `lease` (60 s; `leases.rs` drops them when told), that
+//! a name is absent only on such a promise, the rest for `attr_ttl` (1 s by default, as NFS and
+//! libfuse do), which is what makes `stat` fast, but every open fetches fresh attributes from the
+//! cluster and tells the kernel to drop the ones it cached; the file's page cache is kept
+//! (`KEEP_CACHE`) only while the inode's change counter shows no change but this mount's own
+//! (`Fs::pages`), so an open after another node's close sees its data and size. A cached name whose
+//! file was deleted elsewhere answers ESTALE, on which the kernel looks the name up again (as for
+//! NFS).
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -31,7 +32,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
-use tessera_client::{Client, Error, File, FileKind, Inode, Name, OpenOptions, SetAttr, Timespec};
+use tessera_client::{
+    Client, Error, ErrorCode, File, FileKind, Inode, Name, OpenOptions, SetAttr, Timespec,
+};
 use tokio::runtime::Handle;
 
 mod leases;
@@ -192,6 +195,27 @@ struct Fs {
     notifier: Arc<OnceLock<fuser::Notifier>>,
     /// Kernel cache times on the servers' promises, unless disabled.
     leases: Option<Arc<Leases>>,
+}
+
+/// What a negative entry carries: only its inode number (0) means anything.
+fn absent() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: SystemTime::UNIX_EPOCH,
+        mtime: SystemTime::UNIX_EPOCH,
+        ctime: SystemTime::UNIX_EPOCH,
+        crtime: SystemTime::UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
 }
 
 fn errno(e: &Error) -> Errno {
@@ -362,6 +386,21 @@ impl Fs {
                     None => (None, Vec::new()),
                 };
                 self.with_ttl(since, || keys, |ttl| reply.entry(ttl, &attr, Generation(0)));
+            }
+            // The kernel may remember that a name does not exist only on the server's promise
+            // to tell when it appears: an open after another node's create must find the file.
+            Err(e) if e.is(&ErrorCode::NotFound) => {
+                let granted = match (&self.leases, lease) {
+                    (Some(leases), Some((since, dir, name))) => {
+                        leases.grant(since, vec![Key::Entry(dir, name.to_vec())])
+                    }
+                    _ => None,
+                };
+                match granted {
+                    // Inode 0: "no such name", for as long as the entry is valid.
+                    Some(_gate) => reply.entry(&self.opts.lease, &absent(), Generation(0)),
+                    None => reply.error(Errno::ENOENT),
+                }
             }
             Err(e) => reply.error(errno(&e)),
         }

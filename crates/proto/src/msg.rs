@@ -375,7 +375,8 @@ pub enum Notice {
     /// Inode `ino`'s attributes changed, or it is gone. Its promise is used up: the connection
     /// hears of the inode again only after it is answered it again.
     Attr { ino: Ino },
-    /// Name `name` in directory `dir` was removed or now leads elsewhere.
+    /// Name `name` in directory `dir` was removed or now leads elsewhere, or (to those told
+    /// it did not exist) it now exists.
     Entry { dir: Ino, name: Name },
     /// Forget every answer from this server: it could not keep track (its queue to this
     /// connection overflowed). A client also tells itself this when a connection ends or the

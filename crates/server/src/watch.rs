@@ -2,22 +2,26 @@
 //! that a change tells them at once and their caches (the FUSE mount's kernel cache) may keep
 //! answers far longer than a fixed attribute timeout would allow.
 //!
-//! Two kinds, both kept in the partition that holds the thing promised (so a promise and the
+//! Three kinds, all kept in the partition that holds the thing promised (so a promise and the
 //! changes that break it meet under one lock, [`Watches::lock`]):
 //! - on an inode's attributes, used up by the first change (the holder asks again, and is
 //!   promised again, when it needs the attributes);
 //! - on a directory's names, kept while the connection lives: removing or replacing any name
-//!   in it sends that name.
+//!   in it sends that name;
+//! - on a name's absence (a lookup that found nothing), used up when the name appears. Kept
+//!   per name rather than on the directory, so that a directory many nodes fill does not send
+//!   every new name to every node that once looked something up in it.
 //!
 //! What an answer promises and what a change breaks are pure functions of the request and its
 //! answer ([`promised`], [`broken`]). Promises are bounded ([`MAX_PROMISES`] per node): past
 //! the bound a promise is not kept but broken at once, which is always correct.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use tessera_placement::PartitionId;
-use tessera_proto::{Ino, Name, Notice, Op, Response, Watcher};
+use tessera_proto::{ErrorCode, Ino, Name, Notice, Op, Response, Watcher};
 
 /// Promises one node keeps at most (a few tens of bytes each).
 pub const MAX_PROMISES: usize = 1 << 20;
@@ -26,6 +30,7 @@ pub const MAX_PROMISES: usize = 1 << 20;
 struct Part {
     attrs: HashMap<Ino, Vec<Watcher>>,
     dirs: HashMap<Ino, Vec<Watcher>>,
+    absent: HashMap<(Ino, Name), Vec<Watcher>>,
 }
 
 pub struct Watches {
@@ -40,6 +45,18 @@ pub struct Promised {
     pub attrs: Vec<Ino>,
     /// A directory and the names of it the answer showed.
     pub names: Option<(Ino, Vec<Name>)>,
+    /// A name the answer showed does not exist.
+    pub absent: Option<(Ino, Name)>,
+}
+
+/// What a change makes untrue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Broken {
+    Attr(Ino),
+    /// A name was removed or now means another file: for holders of the directory's names.
+    Name(Ino, Name),
+    /// A name now exists: for holders of its absence.
+    Added(Ino, Name),
 }
 
 /// What answering `op` with `resp` lets the receiver cache.
@@ -49,6 +66,11 @@ pub fn promised(op: &Op, resp: &Response) -> Promised {
         (Op::DirLookup { dir, name }, Response::Found { inode, .. }) => Promised {
             attrs: inode.iter().map(|i| i.ino).collect(),
             names: Some((*dir, vec![name.clone()])),
+            ..Promised::default()
+        },
+        (Op::DirLookup { dir, name }, Response::Error(ErrorCode::NotFound)) => Promised {
+            absent: Some((*dir, name.clone())),
+            ..Promised::default()
         },
         // Answered with the directory; the new file's attributes are the request's.
         (
@@ -59,6 +81,7 @@ pub fn promised(op: &Op, resp: &Response) -> Promised {
         ) => Promised {
             attrs: vec![inode.ino],
             names: Some((*dir, vec![name.clone()])),
+            ..Promised::default()
         },
         (Op::DirList { dir, .. }, Response::Entries { entries, .. }) => Promised {
             attrs: entries
@@ -67,10 +90,11 @@ pub fn promised(op: &Op, resp: &Response) -> Promised {
                 .map(|i| i.ino)
                 .collect(),
             names: Some((*dir, entries.iter().map(|(n, _, _)| n.clone()).collect())),
+            ..Promised::default()
         },
         (_, Response::Inode(i)) => Promised {
             attrs: vec![i.ino],
-            names: None,
+            ..Promised::default()
         },
         _ => Promised::default(),
     }
@@ -78,12 +102,10 @@ pub fn promised(op: &Op, resp: &Response) -> Promised {
 
 /// What a change, `op` answered with `resp`, makes untrue.
 #[must_use]
-pub fn broken(op: &Op, resp: &Response) -> Vec<Notice> {
-    let attr = |ino: Ino| Notice::Attr { ino };
-    let entry = |dir: Ino, name: &Name| Notice::Entry {
-        dir,
-        name: name.clone(),
-    };
+pub fn broken(op: &Op, resp: &Response) -> Vec<Broken> {
+    let attr = Broken::Attr;
+    let entry = |dir: Ino, name: &Name| Broken::Name(dir, name.clone());
+    let added = |dir: Ino, name: &Name| Broken::Added(dir, name.clone());
     match (op, resp) {
         (_, Response::Error(_)) => vec![],
         (
@@ -92,7 +114,7 @@ pub fn broken(op: &Op, resp: &Response) -> Vec<Notice> {
         ) => vec![attr(*ino)],
         (Op::DirInsert { dir, name, .. }, Response::Replaced(old)) => match old {
             Some(_) => vec![attr(*dir), entry(*dir, name)],
-            None => vec![attr(*dir)],
+            None => vec![attr(*dir), added(*dir, name)],
         },
         (Op::DirRemove { dir, name, .. }, _) => vec![attr(*dir), entry(*dir, name)],
         (
@@ -108,9 +130,15 @@ pub fn broken(op: &Op, resp: &Response) -> Vec<Notice> {
             out
         }
         (Op::DirRename { dir, from, to, .. }, _) => {
-            vec![attr(*dir), entry(*dir, from), entry(*dir, to)]
+            vec![
+                attr(*dir),
+                entry(*dir, from),
+                entry(*dir, to),
+                added(*dir, to),
+            ]
         }
-        (Op::DirDestroy { dir } | Op::DirCreate { dir, .. }, _) => vec![attr(*dir)],
+        (Op::DirCreate { dir, name, .. }, _) => vec![attr(*dir), added(*dir, name)],
+        (Op::DirDestroy { dir }, _) => vec![attr(*dir)],
         _ => vec![],
     }
 }
@@ -158,27 +186,28 @@ impl Watches {
 }
 
 /// Adds `w` to `key`'s holders in `map`; false if that would pass the bound.
-fn keep(
+fn keep<K: Hash + Eq>(
     kept: &AtomicUsize,
     limit: usize,
-    map: &mut HashMap<Ino, Vec<Watcher>>,
-    key: Ino,
+    map: &mut HashMap<K, Vec<Watcher>>,
+    key: K,
     w: &Watcher,
 ) -> bool {
-    let holders = map.entry(key).or_default();
-    let before = holders.len();
-    holders.retain(|h| !h.is_gone());
-    kept.fetch_sub(before - holders.len(), Ordering::Relaxed);
-    if holders.iter().any(|h| h.id() == w.id()) {
-        return true;
-    }
-    if kept.load(Ordering::Relaxed) >= limit {
+    if let Some(holders) = map.get_mut(&key) {
+        let before = holders.len();
+        holders.retain(|h| !h.is_gone());
+        kept.fetch_sub(before - holders.len(), Ordering::Relaxed);
+        if holders.iter().any(|h| h.id() == w.id()) {
+            return true;
+        }
         if holders.is_empty() {
             map.remove(&key);
         }
+    }
+    if kept.load(Ordering::Relaxed) >= limit {
         return false;
     }
-    holders.push(w.clone());
+    map.entry(key).or_default().push(w.clone());
     kept.fetch_add(1, Ordering::Relaxed);
     true
 }
@@ -199,41 +228,66 @@ impl Locked<'_> {
                 }
             }
         }
+        if let Some((dir, name)) = p.absent {
+            if !keep(
+                self.kept,
+                self.limit,
+                &mut part.absent,
+                (dir, name.clone()),
+                w,
+            ) {
+                w.notify(Notice::Entry { dir, name });
+            }
+        }
     }
 
-    /// A change made `notices` untrue: tell the holders. The connection that made it
-    /// (`origin`) is not told, its own cache saw the change (and keeps its promises), unless
-    /// `origin_too`: the server changed more than it asked ([`origin_told`]).
-    pub fn r#break(&mut self, origin: Option<&Watcher>, origin_too: bool, notices: Vec<Notice>) {
+    /// A change made `broken` untrue: tell the holders. The connection that made it
+    /// (`origin`) is not told, its own cache saw the change (and keeps its promises, but for
+    /// the absence of a name it added), unless `origin_too`: the server changed more than it
+    /// asked ([`origin_told`]).
+    pub fn r#break(&mut self, origin: Option<&Watcher>, origin_too: bool, broken: Vec<Broken>) {
         let part = &mut *self.part;
-        let is_origin = |h: &Watcher| origin.is_some_and(|o| o.id() == h.id());
-        for n in notices {
-            match &n {
-                Notice::Attr { ino } => {
-                    let Some(mut holders) = part.attrs.remove(ino) else {
+        let kept = self.kept;
+        let told = |h: &Watcher| origin_too || origin.is_none_or(|o| o.id() != h.id());
+        // Takes a used-up promise's holders, telling each but the origin.
+        let use_up = |holders: Vec<Watcher>, n: &Notice, keep_origin: bool| {
+            let mut left = Vec::new();
+            for h in holders {
+                if told(&h) {
+                    h.notify(n.clone());
+                } else if keep_origin {
+                    left.push(h);
+                    continue;
+                }
+                kept.fetch_sub(1, Ordering::Relaxed);
+            }
+            left
+        };
+        for b in broken {
+            match b {
+                Broken::Attr(ino) => {
+                    let Some(holders) = part.attrs.remove(&ino) else {
                         continue;
                     };
-                    holders.retain(|h| {
-                        let keep = is_origin(h) && !origin_too;
-                        if !keep {
-                            self.kept.fetch_sub(1, Ordering::Relaxed);
-                            h.notify(n.clone());
-                        }
-                        keep
-                    });
-                    if !holders.is_empty() {
-                        part.attrs.insert(*ino, holders);
+                    let left = use_up(holders, &Notice::Attr { ino }, true);
+                    if !left.is_empty() {
+                        part.attrs.insert(ino, left);
                     }
                 }
-                Notice::Entry { dir, .. } => {
-                    let Some(holders) = part.dirs.get(dir) else {
+                Broken::Name(dir, name) => {
+                    let Some(holders) = part.dirs.get(&dir) else {
                         continue;
                     };
-                    for h in holders.iter().filter(|h| !is_origin(h)) {
+                    let n = Notice::Entry { dir, name };
+                    for h in holders.iter().filter(|h| told(h)) {
                         h.notify(n.clone());
                     }
                 }
-                Notice::Reset => {}
+                Broken::Added(dir, name) => {
+                    if let Some(holders) = part.absent.remove(&(dir, name.clone())) {
+                        use_up(holders, &Notice::Entry { dir, name }, false);
+                    }
+                }
             }
         }
     }
@@ -357,23 +411,84 @@ mod tests {
         );
     }
 
-    #[test]
-    fn creates_break_the_directory_and_reads_break_nothing() {
-        let create = Op::DirCreate {
-            dir: 7,
-            name: b"n".to_vec(),
-            inode: file(11),
+    fn create(dir: Ino, name: &str, ino: Ino) -> (Op, Response) {
+        let op = Op::DirCreate {
+            dir,
+            name: name.into(),
+            inode: file(ino),
             mtime: Timespec::now(),
         };
-        let dir = Inode::new(7, FileKind::Dir, 0o755, 0, 0, 2, Vec::new());
-        let answer = Response::Inode(dir);
-        assert_eq!(broken(&create, &answer), vec![Notice::Attr { ino: 7 }]);
+        let answer = Response::Inode(Inode::new(dir, FileKind::Dir, 0o755, 0, 0, 2, Vec::new()));
+        (op, answer)
+    }
+
+    #[test]
+    fn creates_break_the_directory_and_reads_break_nothing() {
+        let (op, answer) = create(7, "n", 11);
+        let added = Broken::Added(7, b"n".to_vec());
+        assert_eq!(broken(&op, &answer), vec![Broken::Attr(7), added]);
         // The file is promised, not the directory it is answered with.
-        assert_eq!(promised(&create, &answer).attrs, vec![11]);
+        assert_eq!(promised(&op, &answer).attrs, vec![11]);
         let (op, resp) = lookup(7, "f", 9);
         assert!(broken(&op, &resp).is_empty());
-        let failed = Response::Error(tessera_proto::ErrorCode::NotFound);
+        let failed = Response::Error(ErrorCode::NotFound);
         assert!(broken(&unlink(7, "f", 9).0, &failed).is_empty());
-        assert_eq!(promised(&op, &failed), Promised::default());
+        let absent = Promised {
+            absent: Some((7, b"f".to_vec())),
+            ..Promised::default()
+        };
+        assert_eq!(promised(&op, &failed), absent);
+        assert_eq!(
+            promised(&op, &Response::Error(ErrorCode::NotDir)),
+            Promised::default()
+        );
+    }
+
+    #[test]
+    fn an_absence_is_broken_once_by_the_name_appearing_and_only_for_its_askers() {
+        let w = Watches::new(1, 100);
+        let (a, mut ra) = Watcher::new(64);
+        let (b, mut rb) = Watcher::new(64);
+        let (c, mut rc) = Watcher::new(64);
+        let missing = |name: &str| {
+            let op = Op::DirLookup {
+                dir: 7,
+                name: name.into(),
+            };
+            promised(&op, &Response::Error(ErrorCode::NotFound))
+        };
+        w.lock(0).unwrap().promise(&a, missing("n"));
+        w.lock(0).unwrap().promise(&b, missing("n"));
+        w.lock(0).unwrap().promise(&b, missing("m"));
+        // c holds the directory's names, which a new name does not concern.
+        let (op, resp) = lookup(7, "f", 9);
+        w.lock(0).unwrap().promise(&c, promised(&op, &resp));
+        assert_eq!(w.kept(), 5);
+        // b creates n: a hears of it, b's kernel knows, c is not told; both absences are gone.
+        let (op, answer) = create(7, "n", 11);
+        w.lock(0)
+            .unwrap()
+            .r#break(Some(&b), false, broken(&op, &answer));
+        let n = Notice::Entry {
+            dir: 7,
+            name: b"n".to_vec(),
+        };
+        assert_eq!(drain(&mut ra), vec![n]);
+        assert!(drain(&mut rb).is_empty() && drain(&mut rc).is_empty());
+        assert_eq!(w.kept(), 3);
+        // Used up: n appearing again (rename over it) tells nobody who asked before.
+        let rename = Op::DirRename {
+            dir: 7,
+            from: b"m".to_vec(),
+            to: b"n".to_vec(),
+            replace: true,
+            mtime: Timespec::now(),
+        };
+        w.lock(0)
+            .unwrap()
+            .r#break(None, false, broken(&rename, &Response::Replaced(None)));
+        assert!(drain(&mut ra).is_empty());
+        // ... but the directory's holder hears of both names.
+        assert_eq!(drain(&mut rc).len(), 2);
     }
 }
