@@ -1,10 +1,11 @@
 //! Long kernel cache times on the servers' callback promises.
 //!
 //! The mount subscribes its client (`Client::subscribe`): the servers then tell it when a name
-//! or attributes they answered change, or a name they answered absent appears (`Notice`). So the kernel may keep those answers for the
-//! lease time (60 s by default) instead of the short attribute time, and `stat` of a file
-//! costs no request, yet a change made on another node reaches this kernel as soon as the
-//! notice does: an invalidator thread drops the kernel's copy (`FUSE_NOTIFY_INVAL_*`).
+//! or attributes they answered change, or a name they answered absent appears (`Notice`). So
+//! the kernel may keep those answers for the lease time (60 s by default) instead of the short
+//! attribute time, and `stat` of a file costs no request, yet a change made on another node
+//! reaches this kernel as soon as the notice does: an invalidator thread drops the kernel's
+//! copy (`FUSE_NOTIFY_INVAL_*`).
 //!
 //! Races. A notice can arrive while an answer it concerns is still on its way to the kernel;
 //! that answer must not be cached long. Every answer notes `heard` (notices received) before
