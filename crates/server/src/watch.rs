@@ -13,24 +13,46 @@
 //!   every new name to every node that once looked something up in it.
 //!
 //! What an answer promises and what a change breaks are pure functions of the request and its
-//! answer ([`promised`], [`broken`]). Promises are bounded ([`MAX_PROMISES`] per node): past
-//! the bound a promise is not kept but broken at once, which is always correct.
+//! answer ([`promised`], [`broken`]). Promises are bounded ([`MAX_PROMISES`] per node): at the
+//! bound a partition first drops the promises of ended connections, and past it a promise is
+//! not kept but broken at once, which is always correct.
 
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 use tessera_placement::PartitionId;
 use tessera_proto::{ErrorCode, Ino, Name, Notice, Op, Response, Watcher};
 
 /// Promises one node keeps at most (a few tens of bytes each).
 pub const MAX_PROMISES: usize = 1 << 20;
+/// At the bound, a partition is swept of ended connections' promises at most this often.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct Part {
     attrs: HashMap<Ino, Vec<Watcher>>,
     dirs: HashMap<Ino, Vec<Watcher>>,
     absent: HashMap<(Ino, Name), Vec<Watcher>>,
+    swept: Option<Instant>,
+}
+
+impl Part {
+    /// Drops the promises of connections that ended. A key's holders are otherwise pruned
+    /// only when it is promised again, and names once found absent may never be.
+    fn sweep(&mut self, kept: &AtomicUsize) {
+        fn sweep_map<K>(map: &mut HashMap<K, Vec<Watcher>>, kept: &AtomicUsize) {
+            map.retain(|_, holders| {
+                prune(holders, kept);
+                !holders.is_empty()
+            });
+        }
+        sweep_map(&mut self.attrs, kept);
+        sweep_map(&mut self.dirs, kept);
+        sweep_map(&mut self.absent, kept);
+        self.swept = Some(Instant::now());
+    }
 }
 
 pub struct Watches {
@@ -185,6 +207,12 @@ impl Watches {
     }
 }
 
+fn prune(holders: &mut Vec<Watcher>, kept: &AtomicUsize) {
+    let before = holders.len();
+    holders.retain(|h| !h.is_gone());
+    kept.fetch_sub(before - holders.len(), Ordering::Relaxed);
+}
+
 /// Adds `w` to `key`'s holders in `map`; false if that would pass the bound.
 fn keep<K: Hash + Eq>(
     kept: &AtomicUsize,
@@ -194,9 +222,7 @@ fn keep<K: Hash + Eq>(
     w: &Watcher,
 ) -> bool {
     if let Some(holders) = map.get_mut(&key) {
-        let before = holders.len();
-        holders.retain(|h| !h.is_gone());
-        kept.fetch_sub(before - holders.len(), Ordering::Relaxed);
+        prune(holders, kept);
         if holders.iter().any(|h| h.id() == w.id()) {
             return true;
         }
@@ -216,6 +242,11 @@ impl Locked<'_> {
     /// `w` was answered what `p` describes: promise to tell it of changes.
     pub fn promise(&mut self, w: &Watcher, p: Promised) {
         let part = &mut *self.part;
+        if self.kept.load(Ordering::Relaxed) >= self.limit
+            && part.swept.is_none_or(|t| t.elapsed() >= SWEEP_EVERY)
+        {
+            part.sweep(self.kept);
+        }
         for ino in p.attrs {
             if !keep(self.kept, self.limit, &mut part.attrs, ino, w) {
                 w.notify(Notice::Attr { ino });
@@ -409,6 +440,28 @@ mod tests {
             2,
             "a's promises on 7 and 9 went with its connection"
         );
+    }
+
+    #[test]
+    fn at_the_bound_ended_connections_make_room() {
+        let w = Watches::new(1, 2);
+        let missing = |name: &str| {
+            let op = Op::DirLookup {
+                dir: 7,
+                name: name.into(),
+            };
+            promised(&op, &Response::Error(ErrorCode::NotFound))
+        };
+        let (a, ra) = Watcher::new(64);
+        w.lock(0).unwrap().promise(&a, missing("x"));
+        w.lock(0).unwrap().promise(&a, missing("y"));
+        assert_eq!(w.kept(), 2);
+        drop(ra);
+        // Names nobody asks about again: only a sweep finds them held by nobody.
+        let (b, mut rb) = Watcher::new(64);
+        w.lock(0).unwrap().promise(&b, missing("z"));
+        assert_eq!(w.kept(), 1);
+        assert!(drain(&mut rb).is_empty(), "kept, not broken at once");
     }
 
     fn create(dir: Ino, name: &str, ino: Ino) -> (Op, Response) {
