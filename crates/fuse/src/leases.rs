@@ -20,14 +20,16 @@
 //! A notice drops what it names from the kernel whether it was leased or not (an answer kept
 //! for the short time is stale too). `held` lists what was handed out for the lease time, so
 //! that `Reset` (a connection to a server ended, the table changed) knows what to drop. It is
-//! bounded: past [`HELD_MAX`], answers get the short time.
+//! bounded: when [`HELD_MAX`] is reached, what was granted longer than the lease time ago (the
+//! kernel has let it go) is forgotten; if that frees no room, answers get the short time.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
 use tessera_client::{Name, Notice, NoticeSink};
 
 /// Answers kept in the kernel for the lease time at most.
@@ -43,7 +45,18 @@ pub(crate) enum Key {
 pub(crate) struct Leases {
     heard: AtomicU64,
     gate: RwLock<()>,
-    held: Mutex<HashSet<Key>>,
+    held: Mutex<Held>,
+    lease: Duration,
+    max: usize,
+}
+
+/// What was granted for the lease time, and when.
+#[derive(Default)]
+struct Held {
+    keys: HashMap<Key, Instant>,
+    /// When expired grants were last forgotten (not at every grant once full: that would
+    /// walk them all each time).
+    swept: Option<Instant>,
 }
 
 impl Leases {
@@ -51,12 +64,9 @@ impl Leases {
     /// set; the sink is what the client's connections deliver notices to.
     pub fn start(
         notifier: Arc<OnceLock<fuser::Notifier>>,
+        lease: Duration,
     ) -> std::io::Result<(Arc<Self>, NoticeSink)> {
-        let leases = Arc::new(Self {
-            heard: AtomicU64::new(0),
-            gate: RwLock::new(()),
-            held: Mutex::default(),
-        });
+        let leases = Arc::new(Self::new(lease, HELD_MAX));
         let (tx, rx) = mpsc::channel::<Notice>();
         let l = leases.clone();
         std::thread::Builder::new()
@@ -70,12 +80,22 @@ impl Leases {
         Ok((leases, sink))
     }
 
+    fn new(lease: Duration, max: usize) -> Self {
+        Self {
+            heard: AtomicU64::new(0),
+            gate: RwLock::new(()),
+            held: Mutex::default(),
+            lease,
+            max,
+        }
+    }
+
     /// Notices heard so far; note it before sending the request whose answer may be leased.
     pub fn heard(&self) -> u64 {
         self.heard.load(Ordering::SeqCst)
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, HashSet<Key>> {
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -87,10 +107,21 @@ impl Leases {
             return None;
         }
         let mut held = self.held();
-        if held.len() + keys.len() > HELD_MAX {
-            return None;
+        if held.keys.len() + keys.len() > self.max {
+            let sweep_every = (self.lease / 8).min(Duration::from_secs(1));
+            if held.swept.is_some_and(|t| t.elapsed() < sweep_every) {
+                return None;
+            }
+            // With a margin: the kernel's time started when it took the answer, a little later.
+            let kept_for = self.lease + sweep_every;
+            held.keys.retain(|_, t| t.elapsed() < kept_for);
+            held.swept = Some(Instant::now());
+            if held.keys.len() + keys.len() > self.max {
+                return None;
+            }
         }
-        held.extend(keys);
+        let now = Instant::now();
+        held.keys.extend(keys.into_iter().map(|k| (k, now)));
         drop(held);
         Some(gate)
     }
@@ -110,11 +141,11 @@ impl Leases {
                         Notice::Attr { ino } => Key::Attr(ino),
                         Notice::Entry { dir, name } => Key::Entry(dir, name),
                         Notice::Reset => {
-                            drop_now.extend(held.drain());
+                            drop_now.extend(held.keys.drain().map(|(k, _)| k));
                             continue;
                         }
                     };
-                    held.remove(&key);
+                    held.keys.remove(&key);
                     drop_now.push(key);
                 }
             }
@@ -129,5 +160,31 @@ impl Leases {
                 };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_list_forgets_expired_grants_and_refuses_fresh_ones() {
+        let lease = Duration::from_secs(1);
+        let l = Leases::new(lease, 2);
+        let since = l.heard();
+        assert!(l.grant(since, vec![Key::Attr(1), Key::Attr(2)]).is_some());
+        assert!(
+            l.grant(since, vec![Key::Attr(3)]).is_none(),
+            "full of live grants"
+        );
+        std::thread::sleep(lease + lease / 8 + Duration::from_millis(100));
+        assert!(
+            l.grant(since, vec![Key::Attr(3)]).is_some(),
+            "the kernel let 1 and 2 go"
+        );
+        assert_eq!(l.held().keys.len(), 1);
+        // A notice heard since the request was sent: the answer gets the short time.
+        l.heard.fetch_add(1, Ordering::SeqCst);
+        assert!(l.grant(since, vec![Key::Attr(4)]).is_none());
     }
 }

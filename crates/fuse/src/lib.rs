@@ -98,7 +98,7 @@ pub fn mount(
     let leases = if opts.lease.is_zero() || opts.attr_ttl.is_zero() {
         None
     } else {
-        let (leases, sink) = Leases::start(notifier.clone())?;
+        let (leases, sink) = Leases::start(notifier.clone(), opts.lease)?;
         client.subscribe(sink).map_err(std::io::Error::other)?;
         Some(leases)
     };
