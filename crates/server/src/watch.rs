@@ -367,6 +367,22 @@ mod tests {
         (op, resp)
     }
 
+    fn entry(dir: Ino, name: &str) -> Notice {
+        Notice::Entry {
+            dir,
+            name: name.into(),
+        }
+    }
+
+    /// What a lookup of `name` in directory 7 that found nothing promises.
+    fn missing(name: &str) -> Promised {
+        let op = Op::DirLookup {
+            dir: 7,
+            name: name.into(),
+        };
+        promised(&op, &Response::Error(ErrorCode::NotFound))
+    }
+
     fn drain(rx: &mut tokio::sync::mpsc::Receiver<Notice>) -> Vec<Notice> {
         std::iter::from_fn(|| rx.try_recv().ok()).collect()
     }
@@ -386,11 +402,7 @@ mod tests {
         w.lock(0)
             .unwrap()
             .r#break(Some(&b), false, broken(&op, &resp));
-        let entry = Notice::Entry {
-            dir: 7,
-            name: b"f".to_vec(),
-        };
-        assert_eq!(drain(&mut ra), vec![entry, Notice::Attr { ino: 9 }]);
+        assert_eq!(drain(&mut ra), vec![entry(7, "f"), Notice::Attr { ino: 9 }]);
         assert!(drain(&mut rb).is_empty());
         // a's attribute promise is used up, b's kept; the directory's names stay watched.
         assert_eq!(w.kept(), 3);
@@ -422,13 +434,7 @@ mod tests {
         w.lock(0).unwrap().promise(&a, promised(&op, &resp));
         let (op, resp) = lookup(8, "g", 10);
         w.lock(0).unwrap().promise(&a, promised(&op, &resp));
-        let expected = vec![
-            Notice::Attr { ino: 10 },
-            Notice::Entry {
-                dir: 8,
-                name: b"g".to_vec(),
-            },
-        ];
+        let expected = vec![Notice::Attr { ino: 10 }, entry(8, "g")];
         assert_eq!(drain(&mut ra), expected);
         assert_eq!(w.kept(), 2);
         drop(ra);
@@ -445,13 +451,6 @@ mod tests {
     #[test]
     fn at_the_bound_ended_connections_make_room() {
         let w = Watches::new(1, 2);
-        let missing = |name: &str| {
-            let op = Op::DirLookup {
-                dir: 7,
-                name: name.into(),
-            };
-            promised(&op, &Response::Error(ErrorCode::NotFound))
-        };
         let (a, ra) = Watcher::new(64);
         w.lock(0).unwrap().promise(&a, missing("x"));
         w.lock(0).unwrap().promise(&a, missing("y"));
@@ -503,13 +502,6 @@ mod tests {
         let (a, mut ra) = Watcher::new(64);
         let (b, mut rb) = Watcher::new(64);
         let (c, mut rc) = Watcher::new(64);
-        let missing = |name: &str| {
-            let op = Op::DirLookup {
-                dir: 7,
-                name: name.into(),
-            };
-            promised(&op, &Response::Error(ErrorCode::NotFound))
-        };
         w.lock(0).unwrap().promise(&a, missing("n"));
         w.lock(0).unwrap().promise(&b, missing("n"));
         w.lock(0).unwrap().promise(&b, missing("m"));
@@ -522,10 +514,7 @@ mod tests {
         w.lock(0)
             .unwrap()
             .r#break(Some(&b), false, broken(&op, &answer));
-        let n = Notice::Entry {
-            dir: 7,
-            name: b"n".to_vec(),
-        };
+        let n = entry(7, "n");
         assert_eq!(drain(&mut ra), vec![n]);
         assert!(drain(&mut rb).is_empty() && drain(&mut rc).is_empty());
         assert_eq!(w.kept(), 3);
