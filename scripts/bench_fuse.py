@@ -1,8 +1,7 @@
 """FUSE benchmark driver (run by scripts/bench-fuse.sh): fio sequential 1 MiB write and read,
 random 4 KiB reads, `dd` writing, reading and re-reading the same size, and a metadata test
 (creates, stats, listings, probes of absent names, unlinks per second from 1 and 4
-processes) on each directory given, printed as
-a table with ratios to the first ones.
+processes) on each directory given, printed as a table with ratios to the first ones.
 
 Usage: python3 scripts/bench_fuse.py SIZE NAME=DIR [NAME=DIR ...]
 Environment: PHASES (default "io,meta"): "meta" alone skips fio.

@@ -354,6 +354,19 @@ impl Fs {
         self.leases.as_ref().map(|l| l.heard())
     }
 
+    /// May an answer about `keys`, asked for at `since`, be kept for the lease time? If so,
+    /// hand it to the kernel before dropping the guard (`Leases::grant`).
+    fn grant(
+        &self,
+        since: Option<u64>,
+        keys: impl FnOnce() -> Vec<Key>,
+    ) -> Option<std::sync::RwLockReadGuard<'_, ()>> {
+        match (&self.leases, since) {
+            (Some(leases), Some(since)) => leases.grant(since, keys()),
+            _ => None,
+        }
+    }
+
     /// Hands the kernel an answer about `keys`, asked for at `since`, with the time it may
     /// keep it: the lease time if the servers' promises cover it, else `attr_ttl`.
     fn with_ttl<R>(
@@ -362,11 +375,7 @@ impl Fs {
         keys: impl FnOnce() -> Vec<Key>,
         send: impl FnOnce(&Duration) -> R,
     ) -> R {
-        let granted = match (&self.leases, since) {
-            (Some(leases), Some(since)) => leases.grant(since, keys()),
-            _ => None,
-        };
-        match granted {
+        match self.grant(since, keys) {
             Some(_gate) => send(&self.opts.lease),
             None => send(&self.opts.attr_ttl),
         }
@@ -390,12 +399,9 @@ impl Fs {
             // The kernel may remember that a name does not exist only on the server's promise
             // to tell when it appears: an open after another node's create must find the file.
             Err(e) if e.is(&ErrorCode::NotFound) => {
-                let granted = match (&self.leases, lease) {
-                    (Some(leases), Some((since, dir, name))) => {
-                        leases.grant(since, vec![Key::Entry(dir, name.to_vec())])
-                    }
-                    _ => None,
-                };
+                let granted = lease.and_then(|(since, dir, name)| {
+                    self.grant(Some(since), || vec![Key::Entry(dir, name.to_vec())])
+                });
                 match granted {
                     // Inode 0: "no such name", for as long as the entry is valid.
                     Some(_gate) => reply.entry(&self.opts.lease, &absent(), Generation(0)),
