@@ -7,8 +7,9 @@
 //! - scale-in happens only if the data left behind fits the remaining nodes below the middle
 //!   of the two marks (`(low + high) / 2`), so a scale-in cannot cause the next scale-out;
 //! - no decision while a reconfiguration is under way, and none for `cooldown` after the
-//!   last decision or after the last reconfiguration was seen, so the loads the servers report
-//!   have settled (copies dropped, heartbeats fresh) before the policy looks again.
+//!   last decision or after the last reconfiguration was seen; the caller also holds it back
+//!   until every server reported its use under the current table (`State::elastic`), so the
+//!   copies a reconfiguration dropped are not counted.
 
 use serde::Serialize;
 use std::cmp::Reverse;

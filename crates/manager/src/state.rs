@@ -547,9 +547,17 @@ impl State {
 
     /// Samples memory use into the history and, with a policy, decides whether to grow or
     /// shrink (the caller provisions or drains). No decision while copies move, servers drain,
-    /// or servers asked for have not joined yet.
+    /// servers asked for have not joined yet, or some server's memory use predates the table
+    /// (the copies a finished reconfiguration replaced would count twice).
     pub fn elastic(&mut self, now: Instant) -> Decision {
         let live: Vec<&Member> = self.members.iter().filter(|m| self.alive(m, now)).collect();
+        // Once the servers asked for joined, a later scale-in must not look like waiting.
+        if self
+            .awaiting
+            .is_some_and(|(want, until)| live.len() >= want || now >= until)
+        {
+            self.awaiting = None;
+        }
         self.history.record(Sample {
             t_ms: now.saturating_duration_since(self.started).as_millis() as u64,
             nodes: u32::try_from(live.len()).unwrap_or(u32::MAX),
@@ -559,9 +567,9 @@ impl State {
         let Some(policy) = self.policy.as_mut() else {
             return Decision::None;
         };
-        if self.table.is_none() {
+        let Some(epoch) = self.table.as_ref().map(|t| t.table.epoch()) else {
             return Decision::None;
-        }
+        };
         let loads: Vec<NodeLoad> = live
             .iter()
             .map(|m| NodeLoad {
@@ -573,15 +581,14 @@ impl State {
                 joined_at: m.joined,
             })
             .collect();
-        let waiting = self
-            .awaiting
-            .is_some_and(|(want, until)| live.len() < want && now < until);
+        let waiting = self.awaiting.is_some();
+        let stale = live.iter().any(|m| m.stats.epoch < epoch);
         let moving = self
             .table
             .as_ref()
             .is_some_and(|t| t.table.copies_incoming() > 0);
         let draining = live.iter().any(|m| m.draining);
-        let d = policy.decide(now, &loads, waiting || moving || draining);
+        let d = policy.decide(now, &loads, waiting || moving || draining || stale);
         match &d {
             Decision::Add(n) => {
                 self.awaiting = Some((live.len() + *n as usize, now + PROVISION_PATIENCE));
@@ -646,6 +653,72 @@ mod tests {
             let e = table(s).epoch();
             assert_eq!(s.sync_done(node, p, e, now), Ok(e + 1));
         }
+    }
+
+    /// An elastic policy on `s`: out above 70 %, in below 30 %, one node at a time, no cooldown.
+    fn elastic(s: &mut State) {
+        use crate::policy::{PolicyConfig, Step};
+        let config = PolicyConfig {
+            high: 0.7,
+            low: 0.3,
+            step: Step::Nodes(1),
+            min_nodes: 2,
+            max_nodes: 8,
+            cooldown: Duration::ZERO,
+        };
+        s.set_policy(Policy::new(config).unwrap());
+    }
+
+    /// Every member reports `used` bytes of its 1 GiB, measured under table `epoch`.
+    fn report(s: &mut State, used: u64, epoch: Epoch, now: Instant) {
+        let ids: Vec<NodeId> = s.members.iter().map(|m| m.id).collect();
+        for n in ids {
+            let stats = NodeStats {
+                capacity: 1 << 30,
+                used,
+                epoch,
+                ..NodeStats::default()
+            };
+            s.heartbeat(n, stats, now).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_policy_waits_for_memory_use_measured_under_the_current_table() {
+        let t0 = Instant::now();
+        let mut s = cluster(2, 1, t0);
+        elastic(&mut s);
+        // 80 % full, but measured before the table existed: it may count dropped copies.
+        report(&mut s, 800 << 20, 0, t0);
+        assert_eq!(s.elastic(t0), Decision::None);
+        let epoch = table(&s).epoch();
+        report(&mut s, 800 << 20, epoch, t0);
+        assert_eq!(s.elastic(t0), Decision::Add(1));
+    }
+
+    #[test]
+    fn a_scale_out_once_met_does_not_hold_back_later_decisions() {
+        let t0 = Instant::now();
+        let mut s = cluster(2, 1, t0);
+        elastic(&mut s);
+        let epoch = table(&s).epoch();
+        report(&mut s, 800 << 20, epoch, t0);
+        assert_eq!(s.elastic(t0), Decision::Add(1));
+        // The server asked for joins and takes its share.
+        s.register(addr(9), 1 << 30, None, t0).unwrap();
+        sync_all(&mut s, t0);
+        let epoch = table(&s).epoch();
+        report(&mut s, 10 << 20, epoch, t0);
+        let Decision::Remove(ids) = s.elastic(t0) else {
+            panic!("no scale-in at 1 % use");
+        };
+        s.drain(&ids, t0).unwrap();
+        sync_all(&mut s, t0);
+        assert_eq!(s.members.len(), 2);
+        // Full again with two servers, fewer than the three once asked for: not still waiting.
+        let epoch = table(&s).epoch();
+        report(&mut s, 800 << 20, epoch, t0);
+        assert_eq!(s.elastic(t0), Decision::Add(1));
     }
 
     #[test]

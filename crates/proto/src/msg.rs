@@ -520,6 +520,9 @@ pub struct NodeStats {
     /// Partitions this node is receiving right now, and bytes received by syncs so far.
     pub syncing: u32,
     pub synced_bytes: u64,
+    /// The partition table the node had installed when it measured (0: none): `used` counts
+    /// copies an older table kept, which a newer one may have dropped.
+    pub epoch: Epoch,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

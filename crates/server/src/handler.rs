@@ -267,6 +267,7 @@ impl NodeHandler {
             bytes_written: c.bytes_written.load(Ordering::Relaxed),
             syncing: self.syncing.load(Ordering::Relaxed),
             synced_bytes: self.synced_bytes.load(Ordering::Relaxed),
+            epoch: self.epoch().unwrap_or(0),
         }
     }
 
