@@ -669,8 +669,10 @@ mod tests {
         s.set_policy(Policy::new(config).unwrap());
     }
 
-    /// Every member reports `used` bytes of its 1 GiB, measured under table `epoch`.
-    fn report(s: &mut State, used: u64, epoch: Epoch, now: Instant) {
+    /// Every member reports `used` bytes of its 1 GiB, measured under table `epoch` (by
+    /// default the current one).
+    fn report(s: &mut State, used: u64, epoch: Option<Epoch>, now: Instant) {
+        let epoch = epoch.unwrap_or_else(|| table(s).epoch());
         let ids: Vec<NodeId> = s.members.iter().map(|m| m.id).collect();
         for n in ids {
             let stats = NodeStats {
@@ -689,10 +691,9 @@ mod tests {
         let mut s = cluster(2, 1, t0);
         elastic(&mut s);
         // 80 % full, but measured before the table existed: it may count dropped copies.
-        report(&mut s, 800 << 20, 0, t0);
+        report(&mut s, 800 << 20, Some(0), t0);
         assert_eq!(s.elastic(t0), Decision::None);
-        let epoch = table(&s).epoch();
-        report(&mut s, 800 << 20, epoch, t0);
+        report(&mut s, 800 << 20, None, t0);
         assert_eq!(s.elastic(t0), Decision::Add(1));
     }
 
@@ -701,14 +702,12 @@ mod tests {
         let t0 = Instant::now();
         let mut s = cluster(2, 1, t0);
         elastic(&mut s);
-        let epoch = table(&s).epoch();
-        report(&mut s, 800 << 20, epoch, t0);
+        report(&mut s, 800 << 20, None, t0);
         assert_eq!(s.elastic(t0), Decision::Add(1));
         // The server asked for joins and takes its share.
         s.register(addr(9), 1 << 30, None, t0).unwrap();
         sync_all(&mut s, t0);
-        let epoch = table(&s).epoch();
-        report(&mut s, 10 << 20, epoch, t0);
+        report(&mut s, 10 << 20, None, t0);
         let Decision::Remove(ids) = s.elastic(t0) else {
             panic!("no scale-in at 1 % use");
         };
@@ -716,8 +715,7 @@ mod tests {
         sync_all(&mut s, t0);
         assert_eq!(s.members.len(), 2);
         // Full again with two servers, fewer than the three once asked for: not still waiting.
-        let epoch = table(&s).epoch();
-        report(&mut s, 800 << 20, epoch, t0);
+        report(&mut s, 800 << 20, None, t0);
         assert_eq!(s.elastic(t0), Decision::Add(1));
     }
 
