@@ -1,7 +1,8 @@
 """FUSE benchmark driver (run by scripts/bench-fuse.sh): fio sequential 1 MiB write and read,
-random 4 KiB reads, `dd` writing, reading and re-reading the same size, and a metadata test
-(creates, stats, listings, probes of absent names, unlinks per second from 1 and 4
-processes) on each directory given, printed as a table with ratios to the first ones.
+random 4 KiB reads, `dd` writing, reading and re-reading the same size, reading back through a
+read-write handle, and a metadata test (creates, stats, listings, probes of absent names,
+unlinks per second from 1 and 4 processes) on each directory given, printed as a table with
+ratios to the first ones.
 
 Usage: python3 scripts/bench_fuse.py SIZE NAME=DIR [NAME=DIR ...]
 Environment: PHASES (default "io,meta"): "meta" alone skips fio.
@@ -49,6 +50,30 @@ def dd(directory: str, size: str) -> dict[str, float]:
         out[name] = mib * (1 << 20) / (time.perf_counter() - t) / 1e9
     os.unlink(path)
     return out
+
+
+def read_back(directory: str, mib: int = 64) -> dict[str, float]:
+    """Reading back through the read-write handle that wrote the file, as temporary files,
+    HDF5 and SQLite do: MIB written to a `w+b` file, then read in 8 KiB calls and at 2000
+    random 4 KiB offsets (Python buffers reads by st_blksize)."""
+    path = os.path.join(directory, "rw.dat")
+    size = mib << 20
+    with open(path, "w+b") as f:
+        f.write(os.urandom(1 << 20) * mib)
+        f.flush()
+        f.seek(0)
+        t = time.perf_counter()
+        while f.read(8192):
+            pass
+        seq = size / (time.perf_counter() - t) / 1e9
+        n = 2000
+        t = time.perf_counter()
+        for i in range(n):
+            f.seek((i * 7919 * 4096) % size)
+            f.read(4096)
+        rand = n / (time.perf_counter() - t)
+    os.unlink(path)
+    return {"rw read-back GB/s": seq, "rw random 4K reads/s": rand}
 
 
 def _meta_worker(args: tuple[str, int, int]) -> tuple[float, float, float, float, float]:
@@ -138,6 +163,7 @@ def main() -> None:
             r["4K randread IOPS"] = fio(d, "randread", "4k", size, ["--runtime=15", "--time_based"])["IOPS"]
             os.unlink(os.path.join(d, "fio.dat"))
             r.update(dd(d, size))
+            r.update(read_back(d))
         for procs in (1, 4) if "meta" in phases else ():
             for k, v in meta(d, procs).items():
                 r[f"{k} ({procs}p)"] = v

@@ -340,8 +340,8 @@ def test_mmap_read_and_shared_write(d: Path, other: Path) -> None:
 
 
 def test_map_and_descriptor_of_a_read_write_handle_see_each_other(d: Path) -> None:
-    """Read-write handles bypass the page cache while the kernel keeps a map's pages: a write
-    through the descriptor must reach the mapped pages at once, and the map's through msync."""
+    """A write through a read-write descriptor reaches the mapped pages at once, and the
+    map's writes reach the descriptor through msync."""
     p = d / "table"
     with open(p, "w+b") as f:
         f.write(b"A" * 3 * PAGE)
@@ -526,7 +526,7 @@ def test_pages_cached_here_give_way_to_changes_made_elsewhere(d: Path, other: Pa
 
 @pytest.mark.parametrize("writer_flags", [os.O_WRONLY, os.O_RDWR])
 def test_reader_on_this_mount_sees_writes_before_the_close(d: Path, writer_flags: int) -> None:
-    """Handles that can write bypass the page cache (read-only ones use it): a reader
+    """Write-only handles bypass the page cache, others go through it; either way a reader
     elsewhere on this mount sees what a write(2) that returned wrote, cached pages included."""
     p = d / "shared"
     p.write_bytes(b"A" * 3 * PAGE)

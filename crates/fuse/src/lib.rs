@@ -29,7 +29,7 @@ use std::ffi::OsStr;
 use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 use tessera_client::{
@@ -113,7 +113,6 @@ pub fn mount(
         next_fh: AtomicU64::new(1),
         notifier,
         leases,
-        direct_mmap: AtomicBool::new(false),
     }));
     let shared = Arc::clone(&fs.0);
     let session = fuser::spawn_mount(fs, dir, &cfg)?;
@@ -196,8 +195,6 @@ struct Fs {
     notifier: Arc<OnceLock<fuser::Notifier>>,
     /// Kernel cache times on the servers' promises, unless disabled.
     leases: Option<Arc<Leases>>,
-    /// The kernel maps files opened with `FOPEN_DIRECT_IO` (`FUSE_DIRECT_IO_ALLOW_MMAP`, 6.6+).
-    direct_mmap: AtomicBool,
 }
 
 /// What a negative entry carries: only its inode number (0) means anything.
@@ -446,13 +443,13 @@ impl Fs {
         by_handle(&self.files, fh)
     }
 
-    fn keep(&self, f: File, flags: i32, open: FopenFlags) -> FileHandle {
+    fn keep(&self, f: File, flags: i32) -> FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let handle = OpenFile {
             ino: f.ino(),
             file: tokio::sync::Mutex::new(f),
             sync: flags & (libc::O_SYNC | libc::O_DSYNC) != 0,
-            direct: open.contains(FopenFlags::FOPEN_DIRECT_IO),
+            direct: self.open_flags(flags).contains(FopenFlags::FOPEN_DIRECT_IO),
             unpublished: AtomicU64::new(0),
         };
         self.files
@@ -498,18 +495,14 @@ impl Fs {
         }
     }
 
-    /// Handles that can write bypass the page cache too (read-only ones keep it). Without the
-    /// writeback cache each write(2) is one request either way, and filling pages on the way
-    /// costs the writer a copy into memory the kernel must first allocate: 0.5-0.85 against
-    /// 1.1-1.2 GB/s for 1 MiB writes here. Reads through such a handle go to the mount, where
-    /// the client reads ahead; a read-write one only where the kernel still maps such files.
+    /// Write-only handles bypass the page cache too: each write(2) is one request either way
+    /// (without the writeback cache), and nothing can read pages through them, so filling
+    /// pages would only cost a copy on the writer's path. Read-write handles keep it: direct,
+    /// fio's 1 MiB writes ran up to 2x faster, but reading back through the handle (temporary
+    /// files, HDF5, SQLite) 8-30x slower (BENCHMARKS.md).
     fn open_flags(&self, flags: i32) -> FopenFlags {
-        let writes = match flags & libc::O_ACCMODE {
-            libc::O_WRONLY => true,
-            libc::O_RDWR => self.direct_mmap.load(Ordering::Relaxed),
-            _ => false,
-        };
-        if self.opts.direct_io || (writes && !self.opts.writeback_cache) {
+        let write_only = flags & libc::O_ACCMODE == libc::O_WRONLY && !self.opts.writeback_cache;
+        if self.opts.direct_io || write_only {
             FopenFlags::FOPEN_DIRECT_IO
         } else {
             FopenFlags::empty()
@@ -577,13 +570,13 @@ impl Filesystem for TesseraFs {
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(1 << 20);
         let _ = config.set_max_background(64);
-        // Programs map files opened for direct I/O too (databases do); the kernel keeps mapped
-        // pages coherent with the ranges each direct write drops.
-        let mut want = InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_ATOMIC_O_TRUNC
-            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
+        let mut want = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_ATOMIC_O_TRUNC;
         if self.0.opts.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        if self.0.opts.direct_io {
+            // Programs still map files (databases do); the kernel keeps mapped pages coherent.
+            want |= InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
         }
         if !self.0.opts.attr_ttl.is_zero() {
             // Attributes handed out with a listing are only worth it if the kernel keeps them;
@@ -592,10 +585,7 @@ impl Filesystem for TesseraFs {
         }
         // Ask for each on its own: a kernel that lacks one still gets the others.
         for flag in want.iter() {
-            let granted = config.add_capabilities(flag).is_ok();
-            if flag == InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP {
-                self.0.direct_mmap.store(granted, Ordering::Relaxed);
-            }
+            let _ = config.add_capabilities(flag);
         }
         Ok(())
     }
@@ -846,7 +836,7 @@ impl Filesystem for TesseraFs {
                     if fs.keep_pages(&f.attr()) {
                         flags_out |= FopenFlags::FOPEN_KEEP_CACHE;
                     }
-                    reply.opened(fs.keep(f, flags.0, flags_out), flags_out);
+                    reply.opened(fs.keep(f, flags.0), flags_out);
                 }
                 Err(e) => reply.error(ino_errno(&e)),
             }
@@ -877,9 +867,9 @@ impl Filesystem for TesseraFs {
                     fs.dir_changed(parent.0, dir);
                     fs.keep_pages(&f.attr());
                     let attr = fs.attr(&f.attr());
-                    let open = fs.open_flags(flags);
-                    let fh = fs.keep(f, flags, open);
+                    let fh = fs.keep(f, flags);
                     let keys = || vec![Key::Entry(parent.0, name.clone()), Key::Attr(attr.ino.0)];
+                    let open = fs.open_flags(flags);
                     fs.with_ttl(since, keys, |ttl| {
                         reply.created(ttl, &attr, Generation(0), fh, open);
                     });
@@ -940,8 +930,8 @@ impl Filesystem for TesseraFs {
             }
             Ok::<_, Error>(n)
         });
-        // Not every kernel drops the pages it holds of what a direct write replaced (6.18 does);
-        // without this, other handles (and opens keeping the cache) would read old bytes. Not for the
+        // Not every kernel drops the pages it holds of what a direct write replaced; without
+        // this, other handles (and opens keeping the cache) would read old bytes. Not for the
         // writeback of pages (of a mapping): those are the pages, and one of them is waiting
         // for this very reply.
         let direct = h.direct && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
