@@ -11,16 +11,20 @@
 //! * [`File`] is an open file: it aggregates small sequential writes into stripe-sized
 //!   requests, keeps many stripe requests in flight, reads ahead on sequential reads, and
 //!   publishes its size and mtime on flush and close (close-to-open consistency).
+//! * [`Lane`]: a blocking thread's own connections, on which the metadata requests of the
+//!   operations it runs through `Lane::block_on` go out and are answered (a FUSE worker).
 
 mod choose;
 mod error;
 mod file;
+mod lane;
 mod namespace;
 mod path;
 mod route;
 
 pub use error::Error;
 pub use file::{File, ReadSinks};
+pub use lane::Lane;
 pub use namespace::{OpenOptions, Usage};
 pub use tessera_proto::{
     DirEntry, ErrorCode, FileKind, Inode, Listed, Name, Notice, NoticeSink, SetAttr, Timespec,

@@ -12,6 +12,7 @@
 //! * A partition with no replica left is lost: its requests fail at once with `Lost` (EIO).
 
 use crate::choose::{self, Load};
+use crate::lane::Lane;
 use crate::{ClientOptions, Error, ReadSinks, Result};
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -849,17 +850,9 @@ impl Router {
                 Ok(n) => n,
                 Err(e) => return (Err(e), maybe_applied),
             };
-            let answer = match self.conn(&route, node).await {
-                Ok(conn) => match conn.send(&req, payload.clone()).await {
-                    Ok(waiter) => {
-                        let answer = waiter.wait().await;
-                        maybe_applied |= answer.is_err();
-                        answer.map_err(Error::from)
-                    }
-                    Err(e) => Err(e.into()),
-                },
-                Err(e) => Err(e),
-            };
+            let answer = self
+                .exchange(&route, node, &req, &payload, &mut maybe_applied)
+                .await;
             match answer {
                 Ok((Response::Error(e), _)) if retryable(&e) => {
                     if let Err(e) = self.refresh(route.epoch()).await {
@@ -884,6 +877,36 @@ impl Router {
             }
         }
         (Err(kept_changing()), maybe_applied)
+    }
+
+    /// One request to `node` and its answer: on the running operation's lane if it has one,
+    /// else on the shared connection. `maybe_applied` is set if it was sent but not answered.
+    async fn exchange(
+        &self,
+        route: &Route,
+        node: NodeId,
+        req: &Request,
+        payload: &Bytes,
+        maybe_applied: &mut bool,
+    ) -> Result<(Response, Bytes)> {
+        let conn = self.conn(route, node).await?;
+        let answer = match Lane::current() {
+            Some(lane) => lane.call(self, node, &conn, req, payload).await,
+            None => None,
+        };
+        let answer = match answer {
+            Some(answer) => answer,
+            None => match conn.send(req, payload.clone()).await {
+                Ok(waiter) => waiter.wait().await,
+                Err(e) => return Err(e.into()),
+            },
+        };
+        *maybe_applied |= answer.is_err();
+        answer.map_err(Error::from)
+    }
+
+    pub(crate) fn rpc(&self) -> &RpcConfig {
+        &self.rpc
     }
 
     /// Sends a node-wide `op` to every node in the table (holding or receiving partitions) and

@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 use tessera_client::{
-    Client, Error, ErrorCode, File, FileKind, Inode, Name, OpenOptions, SetAttr, Timespec,
+    Client, Error, ErrorCode, File, FileKind, Inode, Lane, Name, OpenOptions, SetAttr, Timespec,
 };
 use tokio::runtime::Handle;
 
@@ -113,7 +113,7 @@ pub fn mount(
         changed_dirs: Mutex::default(),
         pages: Mutex::default(),
         next_fh: AtomicU64::new(1),
-        inline_reads: AtomicUsize::new(0),
+        inline: AtomicUsize::new(0),
         notifier,
         leases,
     }));
@@ -194,8 +194,8 @@ struct Fs {
     /// writes went through the page cache). An open finding the counter there keeps them.
     pages: Mutex<HashMap<u64, u64>>,
     next_fh: AtomicU64,
-    /// Reads being served on a FUSE worker rather than handed to the runtime.
-    inline_reads: AtomicUsize,
+    /// Requests being served on a FUSE worker rather than handed to the runtime.
+    inline: AtomicUsize,
     /// Set once the session runs; drops the kernel's cached attributes at open.
     notifier: Arc<OnceLock<fuser::Notifier>>,
     /// Kernel cache times on the servers' promises, unless disabled.
@@ -272,8 +272,32 @@ fn name(n: &OsStr) -> Name {
     n.as_bytes().to_vec()
 }
 
+thread_local! {
+    /// This FUSE worker's own connections to the servers.
+    static LANE: Lane = Lane::new();
+}
+
 impl TesseraFs {
-    /// Serves a request on the runtime; the FUSE worker returns to the kernel at once.
+    /// Serves a request on this FUSE worker, its metadata requests on the worker's lane,
+    /// while at most half the workers do so (requests waiting on a slow server never take
+    /// every worker); past that, on the runtime, the worker returning to the kernel at once.
+    fn serve<F, Fut>(&self, f: F)
+    where
+        F: FnOnce(Arc<Fs>) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let fut = f(Arc::clone(&self.0));
+        let inline = &self.0.inline;
+        if inline.fetch_add(1, Ordering::AcqRel) < self.0.opts.threads / 2 {
+            self.0.here(fut);
+        } else {
+            self.0.rt.spawn(fut);
+        }
+        inline.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Serves a request on the runtime: for requests that send many at once (a lane would
+    /// take them one at a time).
     fn spawn<F, Fut>(&self, f: F)
     where
         F: FnOnce(Arc<Fs>) -> Fut,
@@ -284,6 +308,11 @@ impl TesseraFs {
 }
 
 impl Fs {
+    /// Runs `f` on this FUSE worker, on its lane.
+    fn here<R>(&self, f: impl Future<Output = R>) -> R {
+        LANE.with(|lane| lane.block_on(&self.rt, f))
+    }
+
     fn attr(&self, i: &Inode) -> FileAttr {
         FileAttr {
             ino: INodeNo(i.ino),
@@ -597,7 +626,7 @@ impl Filesystem for TesseraFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = self::name(name);
-        self.spawn(move |fs| async move {
+        self.serve(move |fs| async move {
             let since = fs.since();
             let r = fs.client.lookup(parent.0, &name).await;
             let lease = since.map(|s| (s, parent.0, &name[..]));
@@ -609,7 +638,7 @@ impl Filesystem for TesseraFs {
         if let Some(dir) = self.0.changed_dir(ino.0) {
             return self.0.attr_reply(reply, Ok(dir), None);
         }
-        self.spawn(move |fs| async move {
+        self.serve(move |fs| async move {
             let since = fs.since();
             let r = match fh.and_then(|fh| fs.file(fh)) {
                 // An open handle knows of writes not yet published.
@@ -648,7 +677,7 @@ impl Filesystem for TesseraFs {
             ctime: Timespec::now(),
             parent: None,
         };
-        self.spawn(move |fs| async move {
+        self.serve(move |fs| async move {
             let r = async {
                 if let (Some(size), Some(h)) = (size, fh.and_then(|fh| fs.file(fh))) {
                     // Through the handle, so its buffered writes land before the cut.
@@ -673,7 +702,7 @@ impl Filesystem for TesseraFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.spawn(move |fs| async move {
+        self.serve(move |fs| async move {
             match fs.client.readlink(ino.0).await {
                 Ok(t) => reply.data(&t),
                 Err(e) => reply.error(ino_errno(&e)),
@@ -703,7 +732,7 @@ impl Filesystem for TesseraFs {
         };
         let (name, client) = (self::name(name), self.0.caller(req));
         let perm = mode & !umask & 0o7777;
-        self.spawn(move |fs| async move {
+        self.serve(move |fs| async move {
             let r = match special {
                 Some(kind) => client.mknod(parent.0, &name, kind, perm).await,
                 None => {
@@ -733,7 +762,7 @@ impl Filesystem for TesseraFs {
         reply: ReplyEntry,
     ) {
         let (name, client) = (self::name(name), self.0.caller(req));
-        self.spawn(move |fs| async move {
+        self.serve(move |fs| async move {
             let r = client.mkdir(parent.0, &name, mode & !umask).await;
             fs.dir_changed(parent.0, None);
             fs.entry(reply, r, None);
@@ -742,7 +771,7 @@ impl Filesystem for TesseraFs {
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = self::name(name);
-        self.spawn(move |fs| async move {
+        self.serve(move |fs| async move {
             match fs.client.unlink_in(parent.0, &name).await {
                 Ok(dir) => {
                     fs.dir_changed(parent.0, dir);
@@ -758,7 +787,7 @@ impl Filesystem for TesseraFs {
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = self::name(name);
-        self.spawn(move |fs| async move {
+        self.serve(move |fs| async move {
             let r = fs.client.rmdir(parent.0, &name).await;
             fs.dir_changed(parent.0, None);
             Fs::empty(reply, r);
@@ -775,7 +804,7 @@ impl Filesystem for TesseraFs {
     ) {
         let (name, client) = (self::name(name), self.0.caller(req));
         let target = target.as_os_str().as_bytes().to_vec();
-        self.spawn(move |fs| async move {
+        self.serve(move |fs| async move {
             let r = client.symlink(parent.0, &name, &target).await;
             fs.dir_changed(parent.0, None);
             fs.entry(reply, r, None);
@@ -797,7 +826,7 @@ impl Filesystem for TesseraFs {
         }
         let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
         let (name, newname) = (self::name(name), self::name(newname));
-        self.spawn(move |fs| async move {
+        self.serve(move |fs| async move {
             let r = fs
                 .client
                 .rename(parent.0, &name, newparent.0, &newname, noreplace)
@@ -817,7 +846,7 @@ impl Filesystem for TesseraFs {
         reply: ReplyEntry,
     ) {
         let newname = self::name(newname);
-        self.spawn(move |fs| async move {
+        self.serve(move |fs| async move {
             let r = fs.client.link(ino.0, newparent.0, &newname).await;
             fs.dir_changed(newparent.0, None);
             fs.entry(reply, r, None);
@@ -825,7 +854,7 @@ impl Filesystem for TesseraFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.spawn(move |fs| async move {
+        self.serve(move |fs| async move {
             match fs.client.open_ino(ino.0, &open_options(flags.0, 0)).await {
                 Ok(f) => {
                     if !fs.opts.attr_ttl.is_zero() {
@@ -861,7 +890,7 @@ impl Filesystem for TesseraFs {
         let (name, client) = (self::name(name), self.0.caller(req));
         let exclusive = flags & libc::O_EXCL != 0;
         let mode = mode & !umask;
-        self.spawn(move |fs| async move {
+        self.serve(move |fs| async move {
             let since = fs.since();
             let opts = open_options(flags, mode);
             match client
@@ -895,8 +924,7 @@ impl Filesystem for TesseraFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let fs = Arc::clone(&self.0);
-        let read = async move {
+        self.serve(move |fs| async move {
             let Some(h) = fs.file(fh) else {
                 return reply.error(Errno::EBADF);
             };
@@ -906,14 +934,7 @@ impl Filesystem for TesseraFs {
                 Ok(data) => reply.data(&data),
                 Err(e) => reply.error(errno(&e)),
             }
-        };
-        let inline = &self.0.inline_reads;
-        if inline.fetch_add(1, Ordering::AcqRel) < self.0.opts.threads / 2 {
-            self.0.rt.block_on(read);
-        } else {
-            self.0.rt.spawn(read);
-        }
-        inline.fetch_sub(1, Ordering::AcqRel);
+        });
     }
 
     fn write(
@@ -931,7 +952,7 @@ impl Filesystem for TesseraFs {
         let Some(h) = self.0.file(fh) else {
             return reply.error(Errno::EBADF);
         };
-        let r = self.0.rt.block_on(async {
+        let r = self.0.here(async {
             let mut f = h.file.lock().await;
             let n = f.write_at(offset, data).await?;
             if h.sync {
@@ -975,13 +996,13 @@ impl Filesystem for TesseraFs {
         if let Some(h) = self.0.file(fh) {
             if h.unpublished.load(Ordering::Relaxed) == 0 {
                 if let Ok(mut f) = h.file.try_lock() {
-                    let r = self.0.rt.block_on(f.flush());
+                    let r = self.0.here(f.flush());
                     self.0.settle(&mut f);
                     return Fs::empty(reply, r);
                 }
             }
         }
-        self.spawn(move |fs| async move { fs.flush_handle(fh, reply).await });
+        self.serve(move |fs| async move { fs.flush_handle(fh, reply).await });
     }
 
     /// fsync and fdatasync alike: the servers keep data in memory, so "stored" means stored
@@ -994,7 +1015,7 @@ impl Filesystem for TesseraFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.spawn(move |fs| async move { fs.flush_handle(fh, reply).await });
+        self.serve(move |fs| async move { fs.flush_handle(fh, reply).await });
     }
 
     fn release(
@@ -1016,7 +1037,7 @@ impl Filesystem for TesseraFs {
         else {
             return reply.error(Errno::EBADF);
         };
-        self.spawn(move |fs| async move {
+        self.serve(move |fs| async move {
             // In place: a request that finished with the handle may still hold a reference.
             let mut f = h.file.lock().await;
             let r = f.finish().await;
@@ -1044,7 +1065,7 @@ impl Filesystem for TesseraFs {
         let Some(end) = offset.checked_add(length) else {
             return reply.error(Errno::EFBIG);
         };
-        self.spawn(move |fs| async move {
+        self.serve(move |fs| async move {
             let Some(h) = fs.file(fh) else {
                 return reply.error(Errno::EBADF);
             };
@@ -1063,7 +1084,7 @@ impl Filesystem for TesseraFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.spawn(move |fs| async move {
+        self.serve(move |fs| async move {
             let r = async {
                 let dir = fs.client.getattr(ino.0).await?;
                 let entries = fs.client.readdir_all(ino.0).await?;
@@ -1189,7 +1210,7 @@ impl Filesystem for TesseraFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.spawn(move |fs| async move {
+        self.serve(move |fs| async move {
             match fs.client.usage().await {
                 Ok(u) => {
                     const FRSIZE: u64 = 4096;

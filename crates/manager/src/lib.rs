@@ -223,9 +223,12 @@ impl Handler for ManagerHandler {
                 Ok(()) => Response::Ok,
                 Err(e) => Response::Error(e),
             },
-            Request::Op { .. } | Request::Replica { .. } | Request::Subscribe => Response::Error(
-                ErrorCode::Invalid("the manager serves no file operations".into()),
-            ),
+            Request::Op { .. }
+            | Request::Replica { .. }
+            | Request::Subscribe
+            | Request::Attach { .. } => Response::Error(ErrorCode::Invalid(
+                "the manager serves no file operations".into(),
+            )),
         };
         Reply::Now(resp, Bytes::new())
     }

@@ -133,6 +133,14 @@ pub async fn read_head<R: AsyncRead + Unpin>(
         return Ok(None);
     }
     read_full(r, &mut prefix[first..]).await?;
+    let mut head = parse_prefix(&prefix, limits)?;
+    read_full(r, &mut head.header).await?;
+    Ok(Some(head))
+}
+
+/// Checks a frame's prefix against `limits`: the `Head` it announces, with a header of the
+/// announced length still to be filled in.
+pub fn parse_prefix(prefix: &[u8; PREFIX_LEN], limits: Limits) -> Result<Head, FrameError> {
     let body = u32::from_le_bytes(prefix[0..4].try_into().expect("4 bytes"));
     let id = u64::from_le_bytes(prefix[4..12].try_into().expect("8 bytes"));
     let kind = match prefix[12] {
@@ -165,14 +173,12 @@ pub async fn read_head<R: AsyncRead + Unpin>(
             max: limits.max_header,
         });
     }
-    let mut header = vec![0u8; header_len as usize];
-    read_full(r, &mut header).await?;
-    Ok(Some(Head {
+    Ok(Head {
         id,
         kind,
-        header,
+        header: vec![0u8; header_len as usize],
         payload_len: (body - BODY_FIXED - header_len) as usize,
-    }))
+    })
 }
 
 /// Reads a payload of `len` bytes into a pooled buffer.

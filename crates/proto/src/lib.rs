@@ -6,16 +6,20 @@
 //! * [`auth`]: the handshake that proves both ends know the cluster secret.
 //! * [`rpc`]: a multiplexed connection (many requests in flight, matched by request id) and the
 //!   serving loop used by the manager and the storage servers.
+//! * [`lane`]: a connection one thread uses synchronously (request, then the answer read by
+//!   that thread itself), for metadata calls whose latency is a chain of wake-ups.
 //! * [`pool`]: reusable stripe-sized buffers, so payloads land in warm memory.
 
 pub mod auth;
 pub mod frame;
+pub mod lane;
 pub mod msg;
 pub mod pool;
 pub mod rpc;
 
 pub use auth::{AuthError, Secret};
 pub use frame::{FrameError, Limits};
+pub use lane::LaneConn;
 pub use msg::*;
 pub use pool::BufferPool;
 pub use rpc::{
@@ -25,7 +29,8 @@ pub use rpc::{
 
 /// Version of the protocol spoken by this build; both ends must agree. Raise it with any change
 /// to the messages or to what inode numbers mean (2: placed inodes, `DirCreate`, listings and
-/// look-ups carrying inodes; 3: `Inode::change`, `DirUnlink`; 4: `Subscribe` and notices).
-pub const PROTOCOL_VERSION: u16 = 4;
+/// look-ups carrying inodes; 3: `Inode::change`, `DirUnlink`; 4: `Subscribe` and notices; 5:
+/// `Attach`, `Subscribed`).
+pub const PROTOCOL_VERSION: u16 = 5;
 /// First bytes of every connection.
 pub const MAGIC: [u8; 4] = *b"TSRA";

@@ -362,8 +362,15 @@ pub enum Request {
     GetStatus,
     /// From now on, tell this connection (`Notice` frames) when something it was answered
     /// changes: the attributes of an inode it got, a name it looked up in a directory (a
-    /// callback promise, as AFS makes them). Reply: `Ok`.
+    /// callback promise, as AFS makes them). Reply: `Subscribed`.
     Subscribe,
+    /// Make the promises answers on this connection carry to the subscribed connection
+    /// `watcher` of the same server (its `Subscribed` id): a client's extra connections (a
+    /// thread's own, see `lane`) then keep its cache coherent as its subscribed one does.
+    /// Reply: `Ok`, or `NotFound` if that connection has ended.
+    Attach {
+        watcher: u64,
+    },
 }
 
 /// A storage server's word to a subscribed connection (frame kind 2, request id 0) that
@@ -428,6 +435,10 @@ pub enum Response {
     Retired,
     Table(TableInfo),
     Status(ClusterStatus),
+    /// To `Subscribe`: the id other connections of the client name to `Attach` to this one.
+    Subscribed {
+        watcher: u64,
+    },
     Error(ErrorCode),
 }
 

@@ -11,7 +11,7 @@ use crate::auth::{client_handshake, server_handshake, AuthError, Secret};
 use crate::frame::{
     encode_head, read_frame, read_full, read_head, read_payload, FrameError, FrameKind, Limits,
 };
-use crate::msg::{Notice, Request, Response};
+use crate::msg::{ErrorCode, Notice, Request, Response};
 use crate::pool::BufferPool;
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -230,6 +230,7 @@ struct Shared {
     addr: SocketAddr,
     pending: Mutex<Pending>,
     notices: OnceLock<NoticeSink>,
+    watcher: OnceLock<u64>,
 }
 
 impl Shared {
@@ -253,6 +254,31 @@ impl Shared {
     }
 }
 
+/// Connects to `addr` and proves we know the cluster secret.
+pub(crate) async fn dial(addr: SocketAddr, cfg: &RpcConfig) -> Result<TcpStream, RpcError> {
+    let mut stream = tokio::time::timeout(cfg.connect_timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| RpcError::Connect {
+            addr,
+            source: std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
+        })?
+        .map_err(|source| RpcError::Connect { addr, source })?;
+    let _ = stream.set_nodelay(true);
+    client_handshake(&mut stream, &cfg.secret)
+        .await
+        .map_err(|e| match e {
+            // A peer that vanished mid-handshake is unreachable, not refusing us: the
+            // caller may fail over.
+            AuthError::Io(source) => RpcError::Connect { addr, source },
+            AuthError::Timeout => RpcError::Connect {
+                addr,
+                source: std::io::Error::new(std::io::ErrorKind::TimedOut, e.to_string()),
+            },
+            source => RpcError::Auth { addr, source },
+        })?;
+    Ok(stream)
+}
+
 /// A connection to a manager or storage server. Cheap to share (`&self` calls run concurrently).
 pub struct RpcClient {
     shared: Arc<Shared>,
@@ -264,31 +290,12 @@ pub struct RpcClient {
 impl RpcClient {
     /// Connects and authenticates with the cluster secret.
     pub async fn connect(addr: SocketAddr, cfg: &RpcConfig) -> Result<Self, RpcError> {
-        let mut stream = tokio::time::timeout(cfg.connect_timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| RpcError::Connect {
-                addr,
-                source: std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
-            })?
-            .map_err(|source| RpcError::Connect { addr, source })?;
-        let _ = stream.set_nodelay(true);
-        client_handshake(&mut stream, &cfg.secret)
-            .await
-            .map_err(|e| match e {
-                // A peer that vanished mid-handshake is unreachable, not refusing us: the
-                // caller may fail over.
-                AuthError::Io(source) => RpcError::Connect { addr, source },
-                AuthError::Timeout => RpcError::Connect {
-                    addr,
-                    source: std::io::Error::new(std::io::ErrorKind::TimedOut, e.to_string()),
-                },
-                source => RpcError::Auth { addr, source },
-            })?;
-        let (rd, wr) = stream.into_split();
+        let (rd, wr) = dial(addr, cfg).await?.into_split();
         let shared = Arc::new(Shared {
             addr,
             pending: Mutex::default(),
             notices: OnceLock::new(),
+            watcher: OnceLock::new(),
         });
         let sender = Arc::new(Sender {
             half: wr,
@@ -430,12 +437,22 @@ impl RpcClient {
             return Ok(());
         }
         match self.call(&Request::Subscribe, Bytes::new()).await?.0 {
-            Response::Ok => Ok(()),
+            Response::Subscribed { watcher } => {
+                let _ = self.shared.watcher.set(watcher);
+                Ok(())
+            }
             other => Err(RpcError::Refused {
                 addr,
                 why: format!("no notices: {other:?}"),
             }),
         }
+    }
+
+    /// The server's id for this connection's notices once subscribed: other connections
+    /// `Attach` to it (see `lane`).
+    #[must_use]
+    pub fn watcher(&self) -> Option<u64> {
+        self.shared.watcher.get().copied()
     }
 
     /// True once the connection is gone; a new one must be made.
@@ -594,11 +611,14 @@ async fn write_notices(w: Writer, mut rx: mpsc::Receiver<Notice>, overflowed: Ar
 
 /// Accepts connections until the listener fails; each one is served on its own task.
 pub async fn serve(listener: TcpListener, cfg: Arc<RpcConfig>, handler: Arc<dyn Handler>) {
+    let watchers = Watchers::default();
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
-                let (cfg, handler) = (cfg.clone(), handler.clone());
-                tokio::spawn(async move { serve_connection(stream, peer, &cfg, handler).await });
+                let (cfg, handler, watchers) = (cfg.clone(), handler.clone(), watchers.clone());
+                tokio::spawn(async move {
+                    serve_connection(stream, peer, &cfg, handler, &watchers).await;
+                });
             }
             Err(e) => {
                 // Typically EMFILE: back off instead of spinning.
@@ -606,6 +626,18 @@ pub async fn serve(listener: TcpListener, cfg: Arc<RpcConfig>, handler: Arc<dyn 
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
+    }
+}
+
+/// The subscribed connections of one listener, by watcher id: what `Attach` names.
+#[derive(Clone, Default)]
+pub struct Watchers(Arc<Mutex<HashMap<u64, Watcher>>>);
+
+impl Watchers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Watcher>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -650,6 +682,7 @@ pub async fn serve_connection(
     peer: SocketAddr,
     cfg: &RpcConfig,
     handler: Arc<dyn Handler>,
+    watchers: &Watchers,
 ) {
     let _ = stream.set_nodelay(true);
     if let Err(e) = server_handshake(&mut stream, &cfg.secret).await {
@@ -694,10 +727,26 @@ pub async fn serve_connection(
                 if conn.watcher.get().is_none() {
                     let (watcher, rx) = Watcher::new(NOTICE_QUEUE);
                     let overflowed = watcher.overflowed.clone();
+                    watchers.lock().insert(watcher.id, watcher.clone());
                     let _ = conn.watcher.set(watcher);
                     notices = Some(tokio::spawn(write_notices(w.clone(), rx, overflowed)));
                 }
-                Reply::Now(Response::Ok, Bytes::new())
+                let watcher = conn.watcher.get().map_or(0, Watcher::id);
+                Reply::Now(Response::Subscribed { watcher }, Bytes::new())
+            }
+            Request::Attach { watcher } => {
+                let found = watchers.lock().get(&watcher).cloned();
+                let resp = match found {
+                    Some(found) if conn.watcher.get().is_none_or(|w| w.id == found.id) => {
+                        let _ = conn.watcher.set(found);
+                        Response::Ok
+                    }
+                    Some(_) => Response::Error(ErrorCode::Invalid(
+                        "this connection's answers go to another watcher already".into(),
+                    )),
+                    None => Response::Error(ErrorCode::NotFound),
+                };
+                Reply::Now(resp, Bytes::new())
             }
             req => handler.handle(&conn, req, frame.payload),
         };
@@ -733,6 +782,9 @@ pub async fn serve_connection(
     }
     if let Some(task) = notices {
         task.abort();
+        if let Some(w) = conn.watcher.get() {
+            watchers.lock().remove(&w.id);
+        }
     }
     let mut w = w.lock().await;
     if let Err(e) = w.shutdown().await {
@@ -746,14 +798,24 @@ mod tests {
     use crate::msg::{ErrorCode, Op};
     use tokio::io::AsyncReadExt;
 
-    /// Echoes the payload back; `NodeStats` answers an error.
+    /// Echoes the payload back; `NodeStats` answers an error; `DropFile` also sends the
+    /// connection's watcher a notice about the file.
     struct Echo;
     impl Handler for Echo {
-        fn handle(&self, _: &Conn, req: Request, payload: Bytes) -> Reply {
+        fn handle(&self, conn: &Conn, req: Request, payload: Bytes) -> Reply {
             match req {
                 Request::Op {
                     op: Op::NodeStats, ..
                 } => Reply::Now(Response::Error(ErrorCode::NotFound), Bytes::new()),
+                Request::Op {
+                    op: Op::DropFile { file },
+                    ..
+                } => {
+                    if let Some(w) = conn.watcher() {
+                        w.notify(Notice::Attr { ino: file });
+                    }
+                    Reply::Now(Response::Ok, payload)
+                }
                 _ => Reply::Now(Response::Ok, payload),
             }
         }
@@ -802,6 +864,93 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(resp, Response::Error(ErrorCode::NotFound));
+    }
+
+    /// Lanes block their thread: made and used off the runtime's workers (as a FUSE worker
+    /// does), here on a blocking-pool thread.
+    async fn lane(
+        addr: SocketAddr,
+        cfg: &Arc<RpcConfig>,
+        watcher: Option<u64>,
+    ) -> Result<crate::LaneConn, RpcError> {
+        let (h, cfg) = (tokio::runtime::Handle::current(), cfg.clone());
+        tokio::task::spawn_blocking(move || {
+            h.block_on(crate::LaneConn::connect(addr, &cfg, watcher))
+        })
+        .await
+        .unwrap()
+    }
+
+    /// A lane's answers carry their promises to the subscribed connection it attached to.
+    #[tokio::test]
+    async fn a_lane_attached_to_a_subscribed_connection_has_its_notices_sent_there() {
+        let (addr, cfg) = (start("k").await, cfg("k"));
+        let main = RpcClient::connect(addr, &cfg).await.unwrap();
+        let (tx, mut heard) = mpsc::unbounded_channel();
+        let sink = NoticeSink::new(move |n| {
+            let _ = tx.send(n);
+        });
+        main.subscribe(sink).await.unwrap();
+        let watcher = main.watcher().expect("subscribed");
+        let mut conn = lane(addr, &cfg, Some(watcher)).await.unwrap();
+        let drop_file = Request::Op {
+            epoch: 1,
+            op: Op::DropFile { file: 7 },
+        };
+        let (conn, answer) = tokio::task::spawn_blocking(move || {
+            let answer = conn.call(&drop_file, b"xyz");
+            (conn, answer)
+        })
+        .await
+        .unwrap();
+        assert_eq!(answer.unwrap(), (Response::Ok, Bytes::from_static(b"xyz")));
+        assert_eq!(heard.recv().await, Some(Notice::Attr { ino: 7 }));
+        assert!(!conn.is_broken());
+
+        let unknown = lane(addr, &cfg, Some(watcher + 1000)).await;
+        assert!(
+            matches!(unknown, Err(RpcError::Refused { .. })),
+            "{:?}",
+            unknown.err()
+        );
+        // Once the subscribed connection ended, nothing attaches to it any more.
+        drop(main);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match lane(addr, &cfg, Some(watcher)).await {
+                Err(RpcError::Refused { .. }) => break,
+                Ok(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                other => panic!("attached to an ended connection: {:?}", other.err()),
+            }
+        }
+    }
+
+    /// A lane whose server went away fails its call, and says it is broken.
+    #[tokio::test]
+    async fn a_lane_to_a_closed_server_fails_and_is_not_used_again() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            server_handshake(&mut s, &Secret::new("k")).await.unwrap();
+            let mut buf = [0u8; 64];
+            let _ = s.read(&mut buf).await;
+            // Closes without answering.
+        });
+        let mut conn = lane(addr, &cfg("k"), None).await.unwrap();
+        let (conn, first, second) = tokio::task::spawn_blocking(move || {
+            let first = conn.call(&GET, b"");
+            let second = conn.call(&GET, b"");
+            (conn, first, second)
+        })
+        .await
+        .unwrap();
+        server.await.unwrap();
+        assert!(matches!(first, Err(RpcError::Closed { .. })), "{first:?}");
+        assert!(matches!(second, Err(RpcError::Closed { .. })), "{second:?}");
+        assert!(conn.is_broken());
     }
 
     struct VecSink(Vec<u8>);

@@ -1,0 +1,89 @@
+//! A thread's own connections to the servers, for request-and-answer calls.
+//!
+//! A thread that serves requests by blocking (a FUSE worker) runs an operation through
+//! [`Lane::block_on`]. Within it, each request `Router::call_ex` makes (metadata: look-ups,
+//! creates, attributes, opens and closes) goes out on this thread's connection to the node,
+//! and the thread reads the answer itself (`tessera_proto::LaneConn`) instead of being woken
+//! by the shared connection's reader task: one wake-up fewer per request. Stripe reads and
+//! writes, and tasks the operation spawns, keep using the shared connections (a lane serves
+//! one request at a time and only while its thread waits).
+//!
+//! Coherence: a lane connection is attached to the subscribed shared connection it was made
+//! beside, so the promises its answers carry are kept for that connection, and it is remade
+//! once that connection is replaced. A promise is then never made to a connection whose end
+//! the client has already heard of (`Notice::Reset`).
+
+use crate::route::Router;
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use tessera_placement::NodeId;
+use tessera_proto::{LaneConn, Request, Response, RpcClient, RpcError};
+use tokio::runtime::Handle;
+use tracing::debug;
+
+tokio::task_local! {
+    static CURRENT: Lane;
+}
+
+/// One thread's connections, by node. Cheap to clone (clones share them).
+#[derive(Clone, Default)]
+pub struct Lane {
+    conns: Arc<Mutex<HashMap<NodeId, Slot>>>,
+}
+
+struct Slot {
+    conn: LaneConn,
+    /// The shared connection it is attached to.
+    beside: Weak<RpcClient>,
+}
+
+impl Lane {
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Runs `f` to completion on this thread (which must not be a runtime worker: this
+    /// blocks), its requests going out on this lane.
+    pub fn block_on<F: Future>(&self, rt: &Handle, f: F) -> F::Output {
+        rt.block_on(CURRENT.scope(self.clone(), f))
+    }
+
+    fn conns(&self) -> MutexGuard<'_, HashMap<NodeId, Slot>> {
+        self.conns.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The lane of the operation being run, if any.
+    pub(crate) fn current() -> Option<Self> {
+        CURRENT.try_with(Self::clone).ok()
+    }
+
+    /// Sends `req` to `node` and waits for the answer on this thread. `None`: the lane cannot
+    /// serve it now (no connection could be made beside `shared`); use the shared connection.
+    pub(crate) async fn call(
+        &self,
+        router: &Router,
+        node: NodeId,
+        shared: &Arc<RpcClient>,
+        req: &Request,
+        payload: &Bytes,
+    ) -> Option<Result<(Response, Bytes), RpcError>> {
+        let slot = self.conns().remove(&node);
+        let mut conn = match slot {
+            Some(s) if s.beside.as_ptr() == Arc::as_ptr(shared) && !s.conn.is_broken() => s.conn,
+            _ => match LaneConn::connect(shared.peer(), router.rpc(), shared.watcher()).await {
+                Ok(c) => c,
+                Err(e) => {
+                    debug!(node, "no lane connection: {e}");
+                    return None;
+                }
+            },
+        };
+        let answer = conn.call(req, payload);
+        let beside = Arc::downgrade(shared);
+        self.conns().insert(node, Slot { conn, beside });
+        Some(answer)
+    }
+}
