@@ -6,7 +6,8 @@
 //! and the thread reads the answer itself (`tessera_proto::LaneConn`) instead of being woken
 //! by the shared connection's reader task: one wake-up fewer per request. Stripe reads and
 //! writes, and tasks the operation spawns, keep using the shared connections (a lane serves
-//! one request at a time and only while its thread waits).
+//! one request at a time and only while its thread waits). Requests an operation makes at
+//! once (a join) take turns on the lane: such operations are better run on the runtime.
 //!
 //! Coherence: a lane connection is attached to the subscribed shared connection it was made
 //! beside, so the promises its answers carry are kept for that connection, and it is remade
@@ -53,6 +54,12 @@ impl Lane {
 
     fn conns(&self) -> MutexGuard<'_, HashMap<NodeId, Slot>> {
         self.conns.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Servers this lane has a connection to.
+    #[must_use]
+    pub fn connections(&self) -> usize {
+        self.conns().len()
     }
 
     /// The lane of the operation being run, if any.

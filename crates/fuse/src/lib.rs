@@ -2,13 +2,16 @@
 //! library (`tessera_client::Client`); nothing here talks to servers itself.
 //!
 //! Concurrency: the session runs `threads` FUSE worker threads, each on its own cloned
-//! `/dev/fuse` descriptor. A worker hands most requests to a task on the shared tokio runtime
-//! together with its reply, and goes back to the kernel for the next one, so any number of
-//! requests are in flight at once. `write` runs on the worker (`Handle::block_on`): its bytes
-//! are borrowed from the kernel's buffer and copied once, into the stripe buffer, and the client
-//! returns as soon as they are there (the stripe goes out in the background). `read` runs on the
-//! worker too, saving the hand-off's wake-up (6-7 % more reads per second here), but on at most
-//! half the workers at once: reads waiting on a slow server never take every worker.
+//! `/dev/fuse` descriptor. A worker serves a request itself (`Fs::here`), its metadata requests
+//! going out on the worker's own connections (`tessera_client::Lane`: the worker reads the
+//! answer off the socket, one wake-up fewer per request), on at most half the workers at once
+//! (`Fs::inline`): requests waiting on a slow server never take every worker. Past that it
+//! hands the request, with its reply, to a task on the shared tokio runtime and goes back to the
+//! kernel for the next one, so any number of requests are in flight. `write` always runs on the
+//! worker: its bytes are borrowed from the kernel's buffer and copied once, into the stripe
+//! buffer, and the client returns as soon as they are there (the stripe goes out in the
+//! background). `readdirplus` always goes to the runtime: it may ask many attributes at once,
+//! which a lane would send one at a time.
 //!
 //! Consistency: close-to-open, as NFS gives it. The kernel may cache names and attributes the
 //! servers promised to report changes to for `lease` (60 s; `leases.rs` drops them when told), that

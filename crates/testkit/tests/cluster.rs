@@ -318,3 +318,47 @@ async fn malformed_frames_close_only_their_connection() -> Result<()> {
     .await??;
     Ok(())
 }
+
+/// A lane (a blocking thread's own connections, as each FUSE worker keeps) carries lookups, and
+/// the promises its answers make reach the client's subscribed connection: a name looked up
+/// absent through a lane is told when another client creates it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_on_a_lane_are_promised_to_the_subscribed_connection() -> Result<()> {
+    use tessera_client::{Client, ClientOptions, Lane, Notice, NoticeSink};
+    const ROOT: u64 = 1;
+
+    let cluster = tokio::task::spawn_blocking(|| Cluster::start(&ClusterSpec::default())).await??;
+    let opts = || ClientOptions::new(cluster.manager, &cluster.secret);
+    let (watcher, other) = (
+        Client::connect(opts()).await?,
+        Client::connect(opts()).await?,
+    );
+    let (tx, heard) = std::sync::mpsc::channel();
+    watcher.subscribe(NoticeSink::new(move |n| {
+        let _ = tx.send(n);
+    }))?;
+    let (rt, c) = (tokio::runtime::Handle::current(), watcher.clone());
+    let (lane, absent) = tokio::task::spawn_blocking(move || {
+        let lane = Lane::new();
+        let absent = lane.block_on(&rt, c.lookup(ROOT, b"late"));
+        (lane, absent)
+    })
+    .await?;
+    assert!(
+        absent.as_ref().is_err_and(|e| e.errno() == ENOENT),
+        "{absent:?}"
+    );
+    assert_eq!(lane.connections(), 1, "the lookup went out on the lane");
+
+    other.create_dir("/late").await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match heard.recv_timeout(left) {
+            Ok(Notice::Entry { dir: ROOT, name }) if name == b"late" => break,
+            Ok(_) => {}
+            Err(e) => panic!("no notice that the name appeared: {e}"),
+        }
+    }
+    Ok(())
+}
