@@ -930,15 +930,7 @@ mod tests {
     /// A lane whose server went away fails its call, and says it is broken.
     #[tokio::test]
     async fn a_lane_to_a_closed_server_fails_and_is_not_used_again() {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let server = tokio::spawn(async move {
-            let (mut s, _) = l.accept().await.unwrap();
-            server_handshake(&mut s, &Secret::new("k")).await.unwrap();
-            let mut buf = [0u8; 64];
-            let _ = s.read(&mut buf).await;
-            // Closes without answering.
-        });
+        let (addr, server) = mute_server().await;
         let mut conn = lane(addr, &cfg("k"), None).await.unwrap();
         let (conn, first, second) = tokio::task::spawn_blocking(move || {
             let first = conn.call(&GET, b"");
@@ -1029,17 +1021,23 @@ mod tests {
         assert_eq!((resp, &back[..]), (Response::Ok, &b"still here"[..]));
     }
 
-    #[tokio::test]
-    async fn dead_peer_fails_pending_and_later_calls() {
+    /// A server that accepts one connection, reads one request, then vanishes without
+    /// answering.
+    async fn mute_server() -> (SocketAddr, tokio::task::JoinHandle<()>) {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let server = tokio::spawn(async move {
             let (mut s, _) = l.accept().await.unwrap();
             server_handshake(&mut s, &Secret::new("k")).await.unwrap();
-            // Read one request, then vanish without answering.
             let mut buf = [0u8; 64];
             let _ = s.read(&mut buf).await;
         });
+        (addr, server)
+    }
+
+    #[tokio::test]
+    async fn dead_peer_fails_pending_and_later_calls() {
+        let (addr, server) = mute_server().await;
         let c = RpcClient::connect(addr, &cfg("k")).await.unwrap();
         let err = c.call(&GET, Bytes::new()).await.unwrap_err();
         assert!(matches!(err, RpcError::Closed { .. }), "{err}");
