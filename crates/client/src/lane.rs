@@ -78,10 +78,12 @@ impl Lane {
         payload: &Bytes,
     ) -> Option<Result<(Response, Bytes), RpcError>> {
         let slot = self.conns().remove(&node);
-        let mut conn = match slot {
-            Some(s) if s.beside.as_ptr() == Arc::as_ptr(shared) && !s.conn.is_broken() => s.conn,
+        let (mut conn, fresh) = match slot {
+            Some(s) if s.beside.as_ptr() == Arc::as_ptr(shared) && !s.conn.is_broken() => {
+                (s.conn, false)
+            }
             _ => match LaneConn::connect(shared.peer(), router.rpc(), shared.watcher()).await {
-                Ok(c) => c,
+                Ok(c) => (c, true),
                 Err(e) => {
                     debug!(node, "no lane connection: {e}");
                     return None;
@@ -90,7 +92,12 @@ impl Lane {
         };
         let answer = conn.call(req, payload);
         let beside = Arc::downgrade(shared);
-        self.conns().insert(node, Slot { conn, beside });
+        let mut conns = self.conns();
+        if fresh {
+            // Drop the connections beside shared ones that ended (servers that left).
+            conns.retain(|_, s| s.beside.upgrade().is_some_and(|c| !c.is_closed()));
+        }
+        conns.insert(node, Slot { conn, beside });
         Some(answer)
     }
 }
