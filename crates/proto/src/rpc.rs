@@ -735,7 +735,11 @@ pub async fn serve_connection(
                 Reply::Now(Response::Subscribed { watcher }, Bytes::new())
             }
             Request::Attach { watcher } => {
-                let found = watchers.lock().get(&watcher).cloned();
+                let found = watchers
+                    .lock()
+                    .get(&watcher)
+                    .filter(|w| !w.is_gone())
+                    .cloned();
                 let resp = match found {
                     Some(found) if conn.watcher.get().is_none_or(|w| w.id == found.id) => {
                         let _ = conn.watcher.set(found);
@@ -766,7 +770,7 @@ pub async fn serve_connection(
                 if !whole_frame(rd.buffer()) {
                     if let Err(e) = w.lock().await.flush().await {
                         debug!(%peer, "connection ended while answering: {e}");
-                        return;
+                        break;
                     }
                 }
                 continue;
@@ -777,9 +781,10 @@ pub async fn serve_connection(
         let mut w = w.lock().await;
         if let Err(e) = answer_with(&mut w, frame.id, &resp, &payload, flush).await {
             debug!(%peer, "connection ended while answering: {e}");
-            return;
+            break;
         }
     }
+    // Every end of the connection comes here: its watcher must leave the registry.
     if let Some(task) = notices {
         task.abort();
         if let Some(w) = conn.watcher.get() {
