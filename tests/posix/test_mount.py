@@ -605,3 +605,32 @@ def test_names_appearing_elsewhere_are_seen_though_absence_is_cached(d: Path, th
     os.rename(d / "later", d / "moved")
     _soon("a name renamed in", lambda: (third / "moved").exists())
     assert (third / "moved").read_bytes() == b"later"
+
+
+def test_a_directory_made_here_knows_its_names_and_hears_of_new_ones(d: Path, other: Path) -> None:
+    """This mount made `d`: it answers that a name there is absent itself (the servers promised
+    to tell it of any name another node adds), yet finds every name it added after the kernel
+    forgot them, and sees names added elsewhere (issue 3)."""
+    sub = d / "made"
+    sub.mkdir()
+    for name in ["file", "fifo", "dir", "link", "hard", "renamed"]:
+        assert not (sub / name).exists()
+    (sub / "file").write_bytes(b"f")
+    os.mkfifo(sub / "fifo")
+    (sub / "dir").mkdir()
+    os.symlink("file", sub / "link")
+    os.link(sub / "file", sub / "hard")
+    (d / "outside").write_bytes(b"o")
+    os.rename(d / "outside", sub / "renamed")
+    Path("/proc/sys/vm/drop_caches").write_text("2")  # the kernel forgets every name
+    names = sorted(["file", "fifo", "dir", "link", "hard", "renamed"])
+    assert all((sub / n).exists() or (sub / n).is_symlink() for n in names)
+    assert sorted(os.listdir(sub)) == names
+    assert not (sub / "theirs").exists()
+    (other / "made" / "theirs").write_bytes(b"t")
+    _soon("a name added elsewhere", lambda: (sub / "theirs").exists())
+    assert (sub / "theirs").read_bytes() == b"t"
+    # The promise is used up: absent names are asked for again, and promised one by one.
+    assert not (sub / "later").exists()
+    (other / "made" / "later").write_bytes(b"l")
+    _soon("a second name added elsewhere", lambda: (sub / "later").exists())

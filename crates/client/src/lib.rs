@@ -28,6 +28,7 @@ pub use lane::Lane;
 pub use namespace::{OpenOptions, Usage};
 pub use tessera_proto::{
     DirEntry, ErrorCode, FileKind, Inode, Listed, Name, Notice, NoticeSink, SetAttr, Timespec,
+    NAME_MAX,
 };
 
 use route::Router;

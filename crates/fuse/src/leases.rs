@@ -23,6 +23,7 @@
 //! bounded: when [`HELD_MAX`] is reached, what was granted longer than the lease time ago (the
 //! kernel has let it go) is forgotten; if that frees no room, answers get the short time.
 
+use crate::complete::Complete;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -48,6 +49,8 @@ pub(crate) struct Leases {
     held: Mutex<Held>,
     lease: Duration,
     max: usize,
+    /// Directories whose names this mount knows all of, on the servers' promise.
+    pub(crate) complete: Complete,
 }
 
 /// What was granted for the lease time, and when.
@@ -74,6 +77,7 @@ impl Leases {
             .spawn(move || l.invalidate(&rx, &notifier))?;
         let heard = leases.clone();
         let sink = NoticeSink::new(move |n| {
+            heard.complete.heard(&n);
             heard.heard.fetch_add(1, Ordering::SeqCst);
             let _ = tx.send(n);
         });
@@ -87,6 +91,7 @@ impl Leases {
             held: Mutex::default(),
             lease,
             max,
+            complete: Complete::new(),
         }
     }
 
@@ -140,6 +145,8 @@ impl Leases {
                     let key = match n {
                         Notice::Attr { ino } => Key::Attr(ino),
                         Notice::Entry { dir, name } => Key::Entry(dir, name),
+                        // Names the mount answered absent itself are not in the kernel.
+                        Notice::Listing { .. } => continue,
                         Notice::Reset => {
                             drop_now.extend(held.keys.drain().map(|(k, _)| k));
                             continue;

@@ -23,7 +23,8 @@
 //! (`KEEP_CACHE`) only while the inode's change counter shows no change but this mount's own
 //! (`Fs::pages`), so an open after another node's close sees its data and size. A cached name whose
 //! file was deleted elsewhere answers ESTALE, on which the kernel looks the name up again (as for
-//! NFS).
+//! NFS). In a directory this mount made, it answers that a name is absent itself, on the
+//! servers' promise to tell it of any name another node adds (`complete.rs`).
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
@@ -41,9 +42,11 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 use tessera_client::{
     Client, Error, ErrorCode, File, FileKind, Inode, Lane, Name, OpenOptions, SetAttr, Timespec,
+    NAME_MAX,
 };
 use tokio::runtime::Handle;
 
+mod complete;
 mod leases;
 use leases::{Key, Leases};
 
@@ -387,6 +390,19 @@ impl Fs {
         }
     }
 
+    /// Directories whose every name this mount knows, unless leases are off.
+    fn complete(&self) -> Option<&complete::Complete> {
+        self.leases.as_ref().map(|l| &l.complete)
+    }
+
+    /// This mount is about to add `name` to `dir`: called before the request goes out, so
+    /// that no look-up meanwhile is answered "absent" without asking.
+    fn adding(&self, dir: INodeNo, name: &[u8]) {
+        if let Some(c) = self.complete() {
+            c.adding(dir.0, name);
+        }
+    }
+
     /// Notices heard so far, if answers may be leased: note it before asking.
     fn since(&self) -> Option<u64> {
         self.leases.as_ref().map(|l| l.heard())
@@ -630,6 +646,9 @@ impl Filesystem for TesseraFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = self::name(name);
+        if name.len() <= NAME_MAX && self.0.complete().is_some_and(|c| c.absent(parent.0, &name)) {
+            return reply.error(Errno::ENOENT);
+        }
         self.serve(move |fs| async move {
             let since = fs.since();
             let r = fs.client.lookup(parent.0, &name).await;
@@ -736,6 +755,7 @@ impl Filesystem for TesseraFs {
         };
         let (name, client) = (self::name(name), self.0.caller(req));
         let perm = mode & !umask & 0o7777;
+        self.0.adding(parent, &name);
         self.serve(move |fs| async move {
             let r = match special {
                 Some(kind) => client.mknod(parent.0, &name, kind, perm).await,
@@ -766,8 +786,13 @@ impl Filesystem for TesseraFs {
         reply: ReplyEntry,
     ) {
         let (name, client) = (self::name(name), self.0.caller(req));
+        self.0.adding(parent, &name);
         self.serve(move |fs| async move {
+            let cuts = fs.complete().map(complete::Complete::cuts);
             let r = client.mkdir(parent.0, &name, mode & !umask).await;
+            if let (Ok(dir), Some(cuts), Some(c)) = (&r, cuts, fs.complete()) {
+                c.made(cuts, dir.ino);
+            }
             fs.dir_changed(parent.0, None);
             fs.entry(reply, r, None);
         });
@@ -808,6 +833,7 @@ impl Filesystem for TesseraFs {
     ) {
         let (name, client) = (self::name(name), self.0.caller(req));
         let target = target.as_os_str().as_bytes().to_vec();
+        self.0.adding(parent, &name);
         self.serve(move |fs| async move {
             let r = client.symlink(parent.0, &name, &target).await;
             fs.dir_changed(parent.0, None);
@@ -830,6 +856,7 @@ impl Filesystem for TesseraFs {
         }
         let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
         let (name, newname) = (self::name(name), self::name(newname));
+        self.0.adding(newparent, &newname);
         self.serve(move |fs| async move {
             let r = fs
                 .client
@@ -850,6 +877,7 @@ impl Filesystem for TesseraFs {
         reply: ReplyEntry,
     ) {
         let newname = self::name(newname);
+        self.0.adding(newparent, &newname);
         self.serve(move |fs| async move {
             let r = fs.client.link(ino.0, newparent.0, &newname).await;
             fs.dir_changed(newparent.0, None);
@@ -894,6 +922,7 @@ impl Filesystem for TesseraFs {
         let (name, client) = (self::name(name), self.0.caller(req));
         let exclusive = flags & libc::O_EXCL != 0;
         let mode = mode & !umask;
+        self.0.adding(parent, &name);
         self.serve(move |fs| async move {
             let since = fs.since();
             let opts = open_options(flags, mode);

@@ -385,6 +385,10 @@ pub enum Notice {
     /// Name `name` in directory `dir` was removed or now leads elsewhere, or (to those told
     /// it did not exist) it now exists.
     Entry { dir: Ino, name: Name },
+    /// Directory `dir`, which this connection made (`InodeCreate`) and was promised to hear of
+    /// any name another adds to it, got such a name, was removed, or the promise could not be
+    /// kept: the names this connection knows of are no longer all there are.
+    Listing { dir: Ino },
     /// Forget every answer from this server: it could not keep track (its queue to this
     /// connection overflowed). A client also tells itself this when a connection ends or the
     /// partition table changes (promises stay with the node that made them).

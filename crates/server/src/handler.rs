@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 use tessera_placement::{meta_partition, stripe_partition, Epoch, NodeId, PartitionId};
 use tessera_proto::{
-    BufferPool, ClusterConfig, Conn, ErrorCode, Handler, NodeStats, Op, Reply, Request, Response,
-    RpcConfig, TableInfo, Watcher,
+    BufferPool, ClusterConfig, Conn, ErrorCode, Handler, NodeStats, Notice, Op, Reply, Request,
+    Response, RpcConfig, TableInfo, Watcher,
 };
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
@@ -160,8 +160,9 @@ impl NodeHandler {
         self.table().map(|t| t.info.table.epoch())
     }
 
-    /// Installs a table (ignoring one older than ours): forgets partitions this node no longer
-    /// holds or receives, and lifts fences the table settled.
+    /// Installs a table (ignoring one older than ours): abandons the promises of partitions
+    /// this node is no longer primary of, forgets partitions it no longer holds or receives,
+    /// and lifts fences the table settled.
     pub fn install(&self, info: TableInfo) {
         let old = {
             let mut t = self.table.write().unwrap_or_else(PoisonError::into_inner);
@@ -191,6 +192,12 @@ impl NodeHandler {
         let table = &new.info.table;
         if let Some(old) = old {
             for p in 0..table.partitions() {
+                let was_primary = old.info.table.primary(p) == Some(self.node);
+                if was_primary && table.primary(p) != Some(self.node) {
+                    if let Some(mut locked) = self.watches.lock(p) {
+                        locked.abandon();
+                    }
+                }
                 let had =
                     old.info.table.holds(self.node, p) || old.info.table.receives(self.node, p);
                 if had && !table.holds(self.node, p) && !table.receives(self.node, p) {
@@ -431,7 +438,14 @@ impl NodeHandler {
             locked.r#break(from, origin_too, watch::broken(&asked, &answer.0));
         }
         if let Some(w) = from {
-            locked.promise(w, watch::promised(&asked, &answer.0));
+            // A table installed since the request was checked abandoned this partition's
+            // promises (`install`): one made now would be kept by nobody.
+            let me = Some(self.node);
+            if self.table().is_some_and(|t| t.info.table.primary(p) == me) {
+                locked.promise(w, watch::promised(&asked, &answer.0));
+            } else {
+                w.notify(Notice::Reset);
+            }
         }
         answer
     }

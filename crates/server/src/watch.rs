@@ -2,7 +2,7 @@
 //! that a change tells them at once and their caches (the FUSE mount's kernel cache) may keep
 //! answers far longer than a fixed attribute timeout would allow.
 //!
-//! Three kinds, all kept in the partition that holds the thing promised (so a promise and the
+//! Four kinds, all kept in the partition that holds the thing promised (so a promise and the
 //! changes that break it meet under one lock, [`Watches::lock`]):
 //! - on an inode's attributes, used up by the first change (the holder asks again, and is
 //!   promised again, when it needs the attributes);
@@ -10,7 +10,15 @@
 //!   in it sends that name;
 //! - on a name's absence (a lookup that found nothing), used up when the name appears. Kept
 //!   per name rather than on the directory, so that a directory many nodes fill does not send
-//!   every new name to every node that once looked something up in it.
+//!   every new name to every node that once looked something up in it;
+//! - on a directory's completeness, to the connection that made it (`InodeCreate`): the first
+//!   name anyone else adds, or the directory's removal, uses it up (`Notice::Listing`). Its
+//!   holder knows every name it added itself, so it may answer that any other name is absent
+//!   without asking: a create in a directory the node made costs no look-up round trip.
+//!
+//! A node that stops being a partition's primary tells the holders of its promises there to
+//! forget everything from it (`Notice::Reset`, [`Watches::abandon`]): the next primary was
+//! never asked to keep them.
 //!
 //! What an answer promises and what a change breaks are pure functions of the request and its
 //! answer ([`promised`], [`broken`]). Promises are bounded ([`MAX_PROMISES`] per node): at the
@@ -23,7 +31,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use tessera_placement::PartitionId;
-use tessera_proto::{ErrorCode, Ino, Name, Notice, Op, Response, Watcher};
+use tessera_proto::{ErrorCode, FileKind, Ino, Name, Notice, Op, Response, Watcher};
 
 /// Promises one node keeps at most (a few tens of bytes each).
 pub const MAX_PROMISES: usize = 1 << 20;
@@ -35,6 +43,7 @@ struct Part {
     attrs: HashMap<Ino, Vec<Watcher>>,
     dirs: HashMap<Ino, Vec<Watcher>>,
     absent: HashMap<(Ino, Name), Vec<Watcher>>,
+    complete: HashMap<Ino, Vec<Watcher>>,
     swept: Option<Instant>,
 }
 
@@ -51,6 +60,7 @@ impl Part {
         sweep_map(&mut self.attrs, kept);
         sweep_map(&mut self.dirs, kept);
         sweep_map(&mut self.absent, kept);
+        sweep_map(&mut self.complete, kept);
         self.swept = Some(Instant::now());
     }
 }
@@ -69,6 +79,8 @@ pub struct Promised {
     pub names: Option<(Ino, Vec<Name>)>,
     /// A name the answer showed does not exist.
     pub absent: Option<(Ino, Name)>,
+    /// A directory the request made: it has no names.
+    pub complete: Option<Ino>,
 }
 
 /// What a change makes untrue.
@@ -77,8 +89,11 @@ pub enum Broken {
     Attr(Ino),
     /// A name was removed or now means another file: for holders of the directory's names.
     Name(Ino, Name),
-    /// A name now exists: for holders of its absence.
+    /// A name now exists: for holders of its absence and of the directory's completeness.
     Added(Ino, Name),
+    /// A directory is gone: for holders of its completeness, the changer too (an inode
+    /// number may come back).
+    Destroyed(Ino),
 }
 
 /// What answering `op` with `resp` lets the receiver cache.
@@ -112,6 +127,10 @@ pub fn promised(op: &Op, resp: &Response) -> Promised {
                 .map(|i| i.ino)
                 .collect(),
             names: Some((*dir, entries.iter().map(|(n, _, _)| n.clone()).collect())),
+            ..Promised::default()
+        },
+        (Op::InodeCreate { inode }, Response::Ok) if inode.kind == FileKind::Dir => Promised {
+            complete: Some(inode.ino),
             ..Promised::default()
         },
         (_, Response::Inode(i)) => Promised {
@@ -160,7 +179,7 @@ pub fn broken(op: &Op, resp: &Response) -> Vec<Broken> {
             ]
         }
         (Op::DirCreate { dir, name, .. }, _) => vec![attr(*dir), added(*dir, name)],
-        (Op::DirDestroy { dir }, _) => vec![attr(*dir)],
+        (Op::DirDestroy { dir }, _) => vec![attr(*dir), Broken::Destroyed(*dir)],
         _ => vec![],
     }
 }
@@ -270,6 +289,11 @@ impl Locked<'_> {
                 w.notify(Notice::Entry { dir, name });
             }
         }
+        if let Some(dir) = p.complete {
+            if !keep(self.kept, self.limit, &mut part.complete, dir, w) {
+                w.notify(Notice::Listing { dir });
+            }
+        }
     }
 
     /// A change made `broken` untrue: tell the holders. The connection that made it
@@ -315,10 +339,40 @@ impl Locked<'_> {
                     }
                 }
                 Broken::Added(dir, name) => {
+                    if let Some(holders) = part.complete.remove(&dir) {
+                        let left = use_up(holders, &Notice::Listing { dir }, true);
+                        if !left.is_empty() {
+                            part.complete.insert(dir, left);
+                        }
+                    }
                     if let Some(holders) = part.absent.remove(&(dir, name.clone())) {
                         use_up(holders, &Notice::Entry { dir, name }, false);
                     }
                 }
+                Broken::Destroyed(dir) => {
+                    for h in part.complete.remove(&dir).unwrap_or_default() {
+                        h.notify(Notice::Listing { dir });
+                        kept.fetch_sub(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
+
+    /// This node is no longer the partition's primary: tells every holder of a promise here
+    /// to forget what it has from this node (`Reset`), and keeps none.
+    pub fn abandon(&mut self) {
+        let part = std::mem::take(&mut *self.part);
+        let mut told = std::collections::HashSet::new();
+        let holders = (part.attrs.into_values())
+            .chain(part.dirs.into_values())
+            .chain(part.absent.into_values())
+            .chain(part.complete.into_values())
+            .flatten();
+        for h in holders {
+            self.kept.fetch_sub(1, Ordering::Relaxed);
+            if told.insert(h.id()) {
+                h.notify(Notice::Reset);
             }
         }
     }
@@ -532,5 +586,75 @@ mod tests {
         assert!(drain(&mut ra).is_empty());
         // ... but the directory's holder hears of both names.
         assert_eq!(drain(&mut rc).len(), 2);
+    }
+
+    /// What `InodeCreate` of directory `dir` promises its maker.
+    fn made(dir: Ino) -> Promised {
+        let inode = Inode::new(dir, FileKind::Dir, 0o755, 0, 0, 1, Vec::new());
+        promised(&Op::InodeCreate { inode }, &Response::Ok)
+    }
+
+    #[test]
+    fn a_made_directory_is_complete_until_another_adds_a_name_or_it_goes() {
+        assert_eq!(made(7).complete, Some(7));
+        let file = Op::InodeCreate { inode: file(9) };
+        assert_eq!(promised(&file, &Response::Ok), Promised::default());
+        let w = Watches::new(1, 100);
+        let (a, mut ra) = Watcher::new(64);
+        let (b, mut rb) = Watcher::new(64);
+        w.lock(0).unwrap().promise(&a, made(7));
+        // a's own names keep it complete: a knows them.
+        let (op, answer) = create(7, "mine", 11);
+        w.lock(0)
+            .unwrap()
+            .r#break(Some(&a), false, broken(&op, &answer));
+        assert!(drain(&mut ra).is_empty());
+        assert_eq!(w.kept(), 1);
+        // b's name uses it up: a hears once, then never again.
+        let (op, answer) = create(7, "theirs", 12);
+        for _ in 0..2 {
+            w.lock(0)
+                .unwrap()
+                .r#break(Some(&b), false, broken(&op, &answer));
+        }
+        assert_eq!(drain(&mut ra), vec![Notice::Listing { dir: 7 }]);
+        assert!(drain(&mut rb).is_empty());
+        assert_eq!(w.kept(), 0);
+        // Removed, by its maker too: the number may name another directory later.
+        w.lock(0).unwrap().promise(&a, made(8));
+        let destroy = Op::DirDestroy { dir: 8 };
+        w.lock(0)
+            .unwrap()
+            .r#break(Some(&a), false, broken(&destroy, &Response::Ok));
+        assert_eq!(drain(&mut ra), vec![Notice::Listing { dir: 8 }]);
+        assert_eq!(w.kept(), 0);
+        // Past the bound it is broken at once.
+        let full = Watches::new(1, 0);
+        full.lock(0).unwrap().promise(&a, made(9));
+        assert_eq!(drain(&mut ra), vec![Notice::Listing { dir: 9 }]);
+    }
+
+    #[test]
+    fn an_abandoned_partition_tells_each_holder_once_to_forget_everything() {
+        let w = Watches::new(2, 100);
+        let (a, mut ra) = Watcher::new(64);
+        let (b, mut rb) = Watcher::new(64);
+        let (op, resp) = lookup(7, "f", 9);
+        w.lock(0).unwrap().promise(&a, promised(&op, &resp));
+        w.lock(0).unwrap().promise(&a, made(8));
+        w.lock(1).unwrap().promise(&b, missing("x"));
+        w.lock(0).unwrap().abandon();
+        assert_eq!(drain(&mut ra), vec![Notice::Reset]);
+        assert!(
+            drain(&mut rb).is_empty(),
+            "partition 1 is still this node's"
+        );
+        assert_eq!(w.kept(), 1);
+        // Nothing is left to break.
+        let (op, answer) = create(8, "n", 11);
+        w.lock(0)
+            .unwrap()
+            .r#break(Some(&b), false, broken(&op, &answer));
+        assert!(drain(&mut ra).is_empty());
     }
 }

@@ -6,9 +6,11 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use std::time::{Duration, Instant};
+use tessera_client::{Client, ClientOptions, Lane, Notice, NoticeSink, SetAttr};
 use tessera_testkit::{digest, pattern, Cluster, ClusterSpec, Worker};
 
 const MIB: u64 = 1 << 20;
+const ROOT: u64 = 1;
 const ENOENT: i32 = 2;
 const EACCES: i32 = 13;
 const EINVAL: i32 = 22;
@@ -319,15 +321,10 @@ async fn malformed_frames_close_only_their_connection() -> Result<()> {
     Ok(())
 }
 
-/// A lane (a blocking thread's own connections, as each FUSE worker keeps) carries lookups, and
-/// the promises its answers make reach the client's subscribed connection: a name looked up
-/// absent through a lane is told when another client creates it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn answers_on_a_lane_are_promised_to_the_subscribed_connection() -> Result<()> {
-    use tessera_client::{Client, ClientOptions, Lane, Notice, NoticeSink};
-    const ROOT: u64 = 1;
-
-    let cluster = tokio::task::spawn_blocking(|| Cluster::start(&ClusterSpec::default())).await??;
+/// A client subscribed to notices (what it hears), and another client, of `cluster`.
+async fn subscribed(
+    cluster: &Cluster,
+) -> Result<(Client, Client, std::sync::mpsc::Receiver<Notice>)> {
     let opts = || ClientOptions::new(cluster.manager, &cluster.secret);
     let (watcher, other) = (
         Client::connect(opts()).await?,
@@ -337,6 +334,33 @@ async fn answers_on_a_lane_are_promised_to_the_subscribed_connection() -> Result
     watcher.subscribe(NoticeSink::new(move |n| {
         let _ = tx.send(n);
     }))?;
+    Ok((watcher, other, heard))
+}
+
+/// Waits up to 30 s for a notice `wanted` accepts, failing on one `unwanted` accepts first.
+fn hear(
+    heard: &std::sync::mpsc::Receiver<Notice>,
+    wanted: impl Fn(&Notice) -> bool,
+    unwanted: impl Fn(&Notice) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match heard.recv_timeout(left) {
+            Ok(n) if wanted(&n) => return,
+            Ok(n) => assert!(!unwanted(&n), "unexpected {n:?}"),
+            Err(e) => panic!("the notice did not come: {e}"),
+        }
+    }
+}
+
+/// A lane (a blocking thread's own connections, as each FUSE worker keeps) carries lookups, and
+/// the promises its answers make reach the client's subscribed connection: a name looked up
+/// absent through a lane is told when another client creates it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_on_a_lane_are_promised_to_the_subscribed_connection() -> Result<()> {
+    let cluster = tokio::task::spawn_blocking(|| Cluster::start(&ClusterSpec::default())).await??;
+    let (watcher, other, heard) = subscribed(&cluster).await?;
     let (rt, c) = (tokio::runtime::Handle::current(), watcher.clone());
     let (lane, absent) = tokio::task::spawn_blocking(move || {
         let lane = Lane::new();
@@ -351,14 +375,58 @@ async fn answers_on_a_lane_are_promised_to_the_subscribed_connection() -> Result
     assert_eq!(lane.connections(), 1, "the lookup went out on the lane");
 
     other.create_dir("/late").await?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match heard.recv_timeout(left) {
-            Ok(Notice::Entry { dir: ROOT, name }) if name == b"late" => break,
-            Ok(_) => {}
-            Err(e) => panic!("no notice that the name appeared: {e}"),
-        }
+    let late = |n: &Notice| matches!(n, Notice::Entry { dir: ROOT, name } if name == b"late");
+    hear(&heard, late, |_| false);
+    Ok(())
+}
+
+/// A directory a subscribed client made is promised complete: the names it adds itself tell
+/// it nothing, the first name another client adds ends the promise (`Notice::Listing`), and
+/// so does the directory's removal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_made_is_complete_until_another_client_adds_a_name() -> Result<()> {
+    let cluster = tokio::task::spawn_blocking(|| Cluster::start(&ClusterSpec::default())).await??;
+    let (watcher, other, heard) = subscribed(&cluster).await?;
+    let dir = watcher.mkdir(ROOT, b"made", 0o755).await?.ino;
+    let listing = move |n: &Notice| *n == Notice::Listing { dir };
+    watcher.symlink(dir, b"mine", b"t").await?;
+    // Its own name ended nothing: a notice from the same server comes first.
+    watcher.getattr(dir).await?;
+    let chmod = SetAttr {
+        mode: Some(0o700),
+        ..SetAttr::default()
+    };
+    other.setattr(dir, chmod).await?;
+    hear(&heard, |n| *n == Notice::Attr { ino: dir }, listing);
+    other.symlink_path("t", "/made/theirs").await?;
+    hear(&heard, listing, |_| false);
+
+    let gone = watcher.mkdir(ROOT, b"gone", 0o755).await?.ino;
+    watcher.rmdir(ROOT, b"gone").await?;
+    hear(&heard, |n| *n == Notice::Listing { dir: gone }, |_| false);
+    Ok(())
+}
+
+/// A server that stops being a partition's primary (a new server took it) tells the clients
+/// it made promises to there to forget them: the new primary does not know of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promises_are_dropped_with_the_partitions_a_new_server_takes() -> Result<()> {
+    let mut cluster =
+        tokio::task::spawn_blocking(|| Cluster::start(&ClusterSpec::default())).await??;
+    let (watcher, _other, heard) = subscribed(&cluster).await?;
+    // Promises in many partitions: some will move.
+    for i in 0..64 {
+        watcher
+            .mkdir(ROOT, format!("d{i}").as_bytes(), 0o755)
+            .await?;
     }
+    let cluster = tokio::task::spawn_blocking(move || -> Result<Cluster> {
+        cluster.add_server()?;
+        Ok(cluster)
+    })
+    .await??;
+    // The watcher sends nothing meanwhile, so only a server can tell it.
+    hear(&heard, |n| *n == Notice::Reset, |_| false);
+    drop(cluster);
     Ok(())
 }
