@@ -121,6 +121,8 @@ pub fn mount(
         changed_dirs: Mutex::default(),
         pages: Mutex::default(),
         next_fh: AtomicU64::new(1),
+        closing: Mutex::default(),
+        close_gate: tokio::sync::Mutex::new(()),
         inline: AtomicUsize::new(0),
         notifier,
         leases,
@@ -164,6 +166,8 @@ fn raise_readahead(dir: &Path) {
 const CHANGED_DIRS_MAX: usize = 4096;
 /// Bound on `Fs::pages`; past it the map starts over (opens then drop pages once more).
 const PAGES_MAX: usize = 1 << 16;
+/// How long a released handle's close may wait to be sent with others.
+const CLOSE_DELAY: Duration = Duration::from_millis(1);
 
 /// A directory's entries as readdir hands them out (name, inode, type), snapshotted at opendir
 /// with the attributes that came with them (placed files), and when.
@@ -202,6 +206,12 @@ struct Fs {
     /// writes went through the page cache). An open finding the counter there keeps them.
     pages: Mutex<HashMap<u64, u64>>,
     next_fh: AtomicU64,
+    /// Handles the kernel released whose close (`File::finish`: the open count, the last
+    /// publish) is not sent yet: closes are sent together, up to [`CLOSE_DELAY`] later, for
+    /// one wake-up and one round trip per batch instead of per file (`Fs::close_released`).
+    closing: Mutex<Vec<Arc<OpenFile>>>,
+    /// Held while a batch of closes is out: an unlink or a rename here waits for them.
+    close_gate: tokio::sync::Mutex<()>,
     /// Requests being served on a FUSE worker rather than handed to the runtime.
     inline: AtomicUsize,
     /// Set once the session runs; drops the kernel's cached attributes at open.
@@ -380,6 +390,24 @@ impl Fs {
                 dirs.remove(&ino);
             }
         }
+    }
+
+    /// Sends the closes of released handles, and waits for those already on their way: an
+    /// unlink or a rename after a close on this mount then meets the file closed, as locally
+    /// (a file still open keeps its data; freed later, its space comes back later).
+    async fn close_released(&self) {
+        let _gate = self.close_gate.lock().await;
+        let batch =
+            std::mem::take(&mut *self.closing.lock().unwrap_or_else(PoisonError::into_inner));
+        futures::future::join_all(batch.into_iter().map(|h| async move {
+            // In place: a request that finished with the handle may still hold a reference.
+            let mut f = h.file.lock().await;
+            if let Err(e) = f.finish().await {
+                tracing::warn!(ino = h.ino, "closing a released file: {e}");
+            }
+            self.settle(&mut f);
+        }))
+        .await;
     }
 
     /// A truncate sets the size, whatever open handles wrote before it.
@@ -801,6 +829,7 @@ impl Filesystem for TesseraFs {
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = self::name(name);
         self.serve(move |fs| async move {
+            fs.close_released().await;
             match fs.client.unlink_in(parent.0, &name).await {
                 Ok(dir) => {
                     fs.dir_changed(parent.0, dir);
@@ -858,6 +887,7 @@ impl Filesystem for TesseraFs {
         let (name, newname) = (self::name(name), self::name(newname));
         self.0.adding(newparent, &newname);
         self.serve(move |fs| async move {
+            fs.close_released().await;
             let r = fs
                 .client
                 .rename(parent.0, &name, newparent.0, &newname, noreplace)
@@ -1070,13 +1100,29 @@ impl Filesystem for TesseraFs {
         else {
             return reply.error(Errno::EBADF);
         };
-        self.serve(move |fs| async move {
-            // In place: a request that finished with the handle may still hold a reference.
-            let mut f = h.file.lock().await;
-            let r = f.finish().await;
-            fs.settle(&mut f);
-            Fs::empty(reply, r);
-        });
+        // close(2) returned at the FLUSH, and the kernel does not wait for this answer.
+        reply.ok();
+        let first = {
+            let mut closing = self
+                .0
+                .closing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            closing.push(h);
+            closing.len() == 1
+        };
+        if first {
+            let fs = Arc::clone(&self.0);
+            self.0.rt.spawn(async move {
+                tokio::time::sleep(CLOSE_DELAY).await;
+                fs.close_released().await;
+            });
+        }
+    }
+
+    fn destroy(&mut self) {
+        let fs = &self.0;
+        fs.rt.block_on(fs.close_released());
     }
 
     /// Extends the size (mode 0) or does nothing (`KEEP_SIZE`); memory is not reserved ahead,
