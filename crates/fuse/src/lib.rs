@@ -395,19 +395,30 @@ impl Fs {
     /// Sends the closes of released handles, and waits for those already on their way: an
     /// unlink or a rename after a close on this mount then meets the file closed, as locally
     /// (a file still open keeps its data; freed later, its space comes back later).
-    async fn close_released(&self) {
+    async fn close_released(self: &Arc<Self>) {
         let _gate = self.close_gate.lock().await;
         let batch =
             std::mem::take(&mut *self.closing.lock().unwrap_or_else(PoisonError::into_inner));
-        futures::future::join_all(batch.into_iter().map(|h| async move {
-            // In place: a request that finished with the handle may still hold a reference.
-            let mut f = h.file.lock().await;
-            if let Err(e) = f.finish().await {
-                tracing::warn!(ino = h.ino, "closing a released file: {e}");
-            }
-            self.settle(&mut f);
-        }))
-        .await;
+        if batch.is_empty() {
+            return;
+        }
+        let fs = Arc::clone(self);
+        // On the runtime's shared connections, all at once (a worker's lane takes them in turn).
+        let sent = self.rt.spawn(async move {
+            let fs = &fs;
+            futures::future::join_all(batch.into_iter().map(|h| async move {
+                // In place: a request that finished with the handle may still hold a reference.
+                let mut f = h.file.lock().await;
+                if let Err(e) = f.finish().await {
+                    tracing::warn!(ino = h.ino, "closing a released file: {e}");
+                }
+                fs.settle(&mut f);
+            }))
+            .await;
+        });
+        if let Err(e) = sent.await {
+            tracing::warn!("closing released files: {e}");
+        }
     }
 
     /// A truncate sets the size, whatever open handles wrote before it.
