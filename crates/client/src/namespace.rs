@@ -69,6 +69,15 @@ impl OpenOptions {
     }
 }
 
+/// What an unlink removed.
+#[derive(Debug, Clone, Default)]
+pub struct Unlinked {
+    /// The inode the name led to (unknown after a failover re-sent the request).
+    pub ino: Option<Ino>,
+    /// The directory right after, when the server reported it (as [`Client::create_in`]).
+    pub dir: Option<Inode>,
+}
+
 /// Capacity and use of the whole cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Usage {
@@ -504,9 +513,8 @@ impl Client {
         self.unlink_in(parent, name).await.map(drop)
     }
 
-    /// [`Self::unlink`], also returning the attributes of `parent` right after, when the
-    /// server reported them (as [`Self::create_in`]).
-    pub async fn unlink_in(&self, parent: Ino, name: &[u8]) -> Result<Option<Inode>> {
+    /// [`Self::unlink`], also telling what it removed.
+    pub async fn unlink_in(&self, parent: Ino, name: &[u8]) -> Result<Unlinked> {
         check_name(name)?;
         let op = Op::DirUnlink {
             dir: parent,
@@ -526,7 +534,10 @@ impl Client {
                 if drop_data {
                     self.drop_data(entry.ino).await?;
                 }
-                return Ok(Some(dir));
+                return Ok(Unlinked {
+                    ino: Some(entry.ino),
+                    dir: Some(dir),
+                });
             }
             (Ok(Response::Unlinked { entry, dir, .. }), _) => (entry, dir),
             (Ok(other), _) => return Err(unexpected(&other)),
@@ -538,12 +549,15 @@ impl Client {
                     parent,
                     "unlink re-sent after a failover found the name gone"
                 );
-                return Ok(None);
+                return Ok(Unlinked::default());
             }
             (Err(e), _) => return Err(e),
         };
         self.unref(entry.ino).await?;
-        Ok(Some(dir))
+        Ok(Unlinked {
+            ino: Some(entry.ino),
+            dir: Some(dir),
+        })
     }
 
     /// Removes an empty directory.
@@ -581,9 +595,12 @@ impl Client {
     }
 
     /// Renames `parent/name` to `new_parent/new_name`, replacing a target as POSIX allows
-    /// (unless `noreplace`). Within one directory this is one atomic server operation; across
-    /// directories the new name is linked before the old one is removed, so the file is never
-    /// without a name (it may briefly have both).
+    /// (unless `noreplace`). Within one directory this is one atomic server operation, which
+    /// also checks the kinds, sets the moved file's ctime and drops a replaced file's link
+    /// (one request, unless the target is a directory, whose emptiness is checked first);
+    /// across directories the new name is linked before the old one is removed, so the file
+    /// is never without a name (it may briefly have both). Returns the file or directory a
+    /// replaced target name led to.
     pub async fn rename(
         &self,
         parent: Ino,
@@ -591,9 +608,19 @@ impl Client {
         new_parent: Ino,
         new_name: &[u8],
         noreplace: bool,
-    ) -> Result<()> {
+    ) -> Result<Option<Ino>> {
         check_name(name)?;
         check_name(new_name)?;
+        if parent == new_parent {
+            match self
+                .rename_within(parent, name, new_name, noreplace, false)
+                .await
+            {
+                // A directory at the target (or a file moved onto one): checked below.
+                Err(e) if e.is(&ErrorCode::IsDir) => {}
+                done => return done,
+            }
+        }
         let src = self.lookup_entry(parent, name).await?;
         let dst = match self.lookup_entry(new_parent, new_name).await {
             Ok(e) => Some(e),
@@ -605,7 +632,7 @@ impl Client {
                 return Err(ErrorCode::Exists.into());
             }
             if dst.ino == src.ino {
-                return Ok(()); // POSIX: both names are links to the same file: nothing to do
+                return Ok(None); // POSIX: both names are links to the same file: nothing to do
             }
             match (src.kind == FileKind::Dir, dst.kind == FileKind::Dir) {
                 (true, true) if !self.is_empty(dst.ino).await? => {
@@ -616,74 +643,109 @@ impl Client {
                 _ => {}
             }
         }
-        if src.kind == FileKind::Dir
-            && parent != new_parent
-            && self.is_ancestor(src.ino, new_parent).await?
-        {
+        if parent == new_parent {
+            return self
+                .rename_within(parent, name, new_name, noreplace, true)
+                .await;
+        }
+        if src.kind == FileKind::Dir && self.is_ancestor(src.ino, new_parent).await? {
             return Err(Error::Invalid("cannot move a directory into itself".into()));
         }
         let now = Timespec::now();
-        let replaced = if parent == new_parent {
-            let op = Op::DirRename {
-                dir: parent,
-                from: name.to_vec(),
-                to: new_name.to_vec(),
-                replace: !noreplace,
-                mtime: now,
-            };
-            match self.meta_resent(parent, op).await {
-                (Ok(Response::Replaced(r)), _) => r,
-                (Ok(other), _) => return Err(unexpected(&other)),
-                // Re-sent after the primary died: our rename may have been applied already
-                // (what it replaced is then unknown and keeps its link).
-                (Err(e), true)
-                    if e.is(&ErrorCode::NotFound)
-                        && self
-                            .lookup_entry(parent, new_name)
-                            .await
-                            .is_ok_and(|found| found.ino == src.ino) =>
-                {
-                    None
-                }
-                (Err(e), _) => return Err(e),
-            }
-        } else {
-            let replaced = self.insert(new_parent, new_name, src, !noreplace).await?;
-            let op = Op::DirRemove {
-                dir: parent,
-                name: name.to_vec(),
-                expect: Some(src.ino),
-                want_dir: None,
-                mtime: now,
-            };
-            self.ok_unless_resent_gone(parent, op).await?;
-            if src.kind == FileKind::Dir {
-                let attr = SetAttr {
-                    parent: Some(new_parent),
-                    ctime: now,
-                    ..SetAttr::default()
-                };
-                self.meta(src.ino, Op::InodeSetAttr { ino: src.ino, attr })
-                    .await?;
-            }
-            replaced
+        let replaced = self.insert(new_parent, new_name, src, !noreplace).await?;
+        let op = Op::DirRemove {
+            dir: parent,
+            name: name.to_vec(),
+            expect: Some(src.ino),
+            want_dir: None,
+            mtime: now,
         };
+        self.ok_unless_resent_gone(parent, op).await?;
         self.dirs.forget(parent, name);
         self.dirs.forget(new_parent, new_name);
-        // (A directory moved to another parent had its ctime set with its new parent.)
-        if src.kind != FileKind::Dir || parent == new_parent {
+        // A moved directory gets its new parent (its `..`) and the time at once.
+        let attr = SetAttr {
+            parent: (src.kind == FileKind::Dir).then_some(new_parent),
+            ctime: now,
+            ..SetAttr::default()
+        };
+        self.meta(src.ino, Op::InodeSetAttr { ino: src.ino, attr })
+            .await?;
+        let replaced = replaced.filter(|old| old.ino != src.ino);
+        self.replaced(replaced, None).await?;
+        Ok(replaced.map(|old| old.ino))
+    }
+
+    /// A rename within `parent` (`Op::DirRename`), and what is left of it to do here.
+    async fn rename_within(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_name: &[u8],
+        noreplace: bool,
+        replace_dir: bool,
+    ) -> Result<Option<Ino>> {
+        let now = Timespec::now();
+        let op = Op::DirRename {
+            dir: parent,
+            from: name.to_vec(),
+            to: new_name.to_vec(),
+            replace: !noreplace,
+            replace_dir,
+            mtime: now,
+        };
+        let renamed = match self.meta_resent(parent, op).await {
+            (Ok(r @ Response::Renamed { .. }), _) => r,
+            (Ok(other), _) => return Err(unexpected(&other)),
+            // Re-sent after the primary died: our rename may have been applied already (the
+            // old name gone, the new one there); what it replaced then keeps its link.
+            (Err(e), true)
+                if e.is(&ErrorCode::NotFound)
+                    && self.lookup_entry(parent, new_name).await.is_ok() =>
+            {
+                return Ok(None);
+            }
+            (Err(e), _) => return Err(e),
+        };
+        let Response::Renamed {
+            moved: Some(moved),
+            ctime_set,
+            replaced,
+            nlink,
+            drop_data,
+        } = renamed
+        else {
+            return Ok(None); // nothing changed
+        };
+        self.dirs.forget(parent, name);
+        self.dirs.forget(parent, new_name);
+        if !ctime_set {
             let attr = SetAttr {
                 ctime: now,
                 ..SetAttr::default()
             };
-            self.meta(src.ino, Op::InodeSetAttr { ino: src.ino, attr })
-                .await?;
+            self.meta(
+                moved.ino,
+                Op::InodeSetAttr {
+                    ino: moved.ino,
+                    attr,
+                },
+            )
+            .await?;
         }
-        match replaced {
-            Some(old) if old.ino != src.ino && old.kind == FileKind::Dir => {
+        self.replaced(replaced, nlink.map(|_| drop_data)).await?;
+        Ok(replaced.map(|old| old.ino))
+    }
+
+    /// Finishes off what a rename replaced: a directory is destroyed; a file loses its link,
+    /// unless the server dropped it already (`dropped`: whether its data must go).
+    async fn replaced(&self, old: Option<DirEntry>, dropped: Option<bool>) -> Result<()> {
+        match (old, dropped) {
+            (Some(old), _) if old.kind == FileKind::Dir => {
                 self.meta(old.ino, Op::DirDestroy { dir: old.ino }).await?;
             }
-            Some(old) if old.ino != src.ino => self.unref(old.ino).await?,
+            (Some(old), None) => self.unref(old.ino).await?,
+            (Some(old), Some(true)) => self.drop_data(old.ino).await?,
             _ => {}
         }
         Ok(())

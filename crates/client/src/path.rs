@@ -293,6 +293,7 @@ impl Client {
         let (dst_dir, dst_name, _) = self.parent_of(to).await?;
         self.rename(src_dir, &src_name, dst_dir, &dst_name, false)
             .await
+            .map(drop)
     }
 
     pub async fn symlink_path(&self, target: &str, link: &str) -> Result<Inode> {

@@ -176,6 +176,13 @@ struct Listing {
     at: Instant,
 }
 
+/// Released handles whose close is to be sent, and the files of the batch being sent.
+#[derive(Default)]
+struct Closing {
+    queued: Vec<Arc<OpenFile>>,
+    sending: Vec<u64>,
+}
+
 /// An open file. `sync` is O_SYNC/O_DSYNC: every write is stored before it returns.
 struct OpenFile {
     ino: u64,
@@ -207,10 +214,10 @@ struct Fs {
     pages: Mutex<HashMap<u64, u64>>,
     next_fh: AtomicU64,
     /// Handles the kernel released whose close (`File::finish`: the open count, the last
-    /// publish) is not sent yet: closes are sent together, up to [`CLOSE_DELAY`] later, for
+    /// publish) is not done yet: closes are sent together, up to [`CLOSE_DELAY`] later, for
     /// one wake-up and one round trip per batch instead of per file (`Fs::close_released`).
-    closing: Mutex<Vec<Arc<OpenFile>>>,
-    /// Held while a batch of closes is out: an unlink or a rename here waits for them.
+    closing: Mutex<Closing>,
+    /// Held while a batch of closes is out.
     close_gate: tokio::sync::Mutex<()>,
     /// Requests being served on a FUSE worker rather than handed to the runtime.
     inline: AtomicUsize,
@@ -392,13 +399,19 @@ impl Fs {
         }
     }
 
-    /// Sends the closes of released handles, and waits for those already on their way: an
-    /// unlink or a rename after a close on this mount then meets the file closed, as locally
-    /// (a file still open keeps its data; freed later, its space comes back later).
+    fn closing(&self) -> std::sync::MutexGuard<'_, Closing> {
+        self.closing.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sends the closes of released handles, after those already on their way.
     async fn close_released(self: &Arc<Self>) {
         let _gate = self.close_gate.lock().await;
-        let batch =
-            std::mem::take(&mut *self.closing.lock().unwrap_or_else(PoisonError::into_inner));
+        let batch = {
+            let mut closing = self.closing();
+            let batch = std::mem::take(&mut closing.queued);
+            closing.sending = batch.iter().map(|h| h.ino).collect();
+            batch
+        };
         if batch.is_empty() {
             return;
         }
@@ -418,6 +431,21 @@ impl Fs {
         });
         if let Err(e) = sent.await {
             tracing::warn!("closing released files: {e}");
+        }
+        self.closing().sending.clear();
+    }
+
+    /// This mount removed a name of `ino` (unlink, rename over it): if a close of it is still
+    /// to be done, done now, so that a file closed and then removed here is freed at once, as
+    /// locally (the close is what finds it unlinked and drops its data).
+    async fn removed(self: &Arc<Self>, ino: Option<u64>) {
+        let Some(ino) = ino else { return };
+        let pending = {
+            let closing = self.closing();
+            closing.queued.iter().any(|h| h.ino == ino) || closing.sending.contains(&ino)
+        };
+        if pending {
+            self.close_released().await;
         }
     }
 
@@ -840,10 +868,10 @@ impl Filesystem for TesseraFs {
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = self::name(name);
         self.serve(move |fs| async move {
-            fs.close_released().await;
             match fs.client.unlink_in(parent.0, &name).await {
-                Ok(dir) => {
-                    fs.dir_changed(parent.0, dir);
+                Ok(gone) => {
+                    fs.removed(gone.ino).await;
+                    fs.dir_changed(parent.0, gone.dir);
                     reply.ok();
                 }
                 Err(e) => {
@@ -898,14 +926,16 @@ impl Filesystem for TesseraFs {
         let (name, newname) = (self::name(name), self::name(newname));
         self.0.adding(newparent, &newname);
         self.serve(move |fs| async move {
-            fs.close_released().await;
             let r = fs
                 .client
                 .rename(parent.0, &name, newparent.0, &newname, noreplace)
                 .await;
+            if let Ok(replaced) = r {
+                fs.removed(replaced).await;
+            }
             fs.dir_changed(parent.0, None);
             fs.dir_changed(newparent.0, None);
-            Fs::empty(reply, r);
+            Fs::empty(reply, r.map(drop));
         });
     }
 
@@ -1114,13 +1144,9 @@ impl Filesystem for TesseraFs {
         // close(2) returned at the FLUSH, and the kernel does not wait for this answer.
         reply.ok();
         let first = {
-            let mut closing = self
-                .0
-                .closing
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            closing.push(h);
-            closing.len() == 1
+            let queued = &mut self.0.closing().queued;
+            queued.push(h);
+            queued.len() == 1
         };
         if first {
             let fs = Arc::clone(&self.0);

@@ -253,13 +253,16 @@ pub enum Op {
         after: Option<Name>,
         limit: u32,
     },
-    /// Rename within one directory, atomically. Same replace rules as `DirInsert`.
-    /// Reply: `Replaced` (the entry that was overwritten, if any).
+    /// Rename within one directory, atomically. Same replace rules as `DirInsert`, but a
+    /// directory at `to` is replaced only with `replace_dir` (the caller checked it is empty;
+    /// else `IsDir`). The moved inode's ctime is set, and a replaced file loses its link, here
+    /// when their inodes live in this partition. Reply: `Renamed`.
     DirRename {
         dir: Ino,
         from: Name,
         to: Name,
         replace: bool,
+        replace_dir: bool,
         mtime: Timespec,
     },
     /// rmdir's second half: delete directory inode `dir` if it has no entries (`NotEmpty`
@@ -410,6 +413,17 @@ pub enum Response {
         inode: Option<Inode>,
     },
     Replaced(Option<DirEntry>),
+    /// `DirRename` done. `moved`: the entry renamed (`None`: nothing changed, the names were
+    /// one or led to one inode); `ctime_set`: its inode lives here and got the time. The entry
+    /// overwritten, and, if its inode was here, what dropping the link did to it (as
+    /// `Unlinked`).
+    Renamed {
+        moved: Option<DirEntry>,
+        ctime_set: bool,
+        replaced: Option<DirEntry>,
+        nlink: Option<u32>,
+        drop_data: bool,
+    },
     /// The entry removed; if its inode was here, what dropping the link did to it (as
     /// `Links`; with `nlink: None` the link is the caller's to drop); the directory after.
     Unlinked {

@@ -600,10 +600,20 @@ impl NodeHandler {
                 from,
                 to,
                 replace,
+                replace_dir,
                 mtime,
             } => s
-                .dir_rename(p, dir, from, to, replace, mtime)
-                .map(|r| (Response::Replaced(r), Bytes::new())),
+                .dir_rename(p, dir, from, to, replace, replace_dir, mtime)
+                .map(|r| {
+                    let resp = Response::Renamed {
+                        moved: r.moved,
+                        ctime_set: r.ctime_set,
+                        replaced: r.replaced,
+                        nlink: r.links.map(|(n, _)| n),
+                        drop_data: r.links.is_some_and(|(_, d)| d),
+                    };
+                    (resp, Bytes::new())
+                }),
             Op::DirDestroy { dir } => s.dir_destroy(p, dir).map(|()| ok()),
             Op::DirCreate {
                 dir,

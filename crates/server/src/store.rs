@@ -140,6 +140,19 @@ type R<T> = Result<T, ErrorCode>;
 /// the same partition, and the directory after.
 pub type Unlinked = (DirEntry, Option<(u32, bool)>, Inode);
 
+/// What a rename did (`Response::Renamed`).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Renamed {
+    /// The entry renamed; `None` if nothing changed.
+    pub moved: Option<DirEntry>,
+    /// The moved inode lives here and got its ctime.
+    pub ctime_set: bool,
+    pub replaced: Option<DirEntry>,
+    /// The replaced file's inode lived here and lost its link: its links left, and whether
+    /// it is gone with data to drop.
+    pub links: Option<(u32, bool)>,
+}
+
 fn entry_cost(name: &[u8]) -> u64 {
     ENTRY_COST + name.len() as u64
 }
@@ -780,6 +793,8 @@ impl Store {
         Ok((page, more))
     }
 
+    /// Renames `from` to `to` in `dir` (see `Op::DirRename`).
+    #[allow(clippy::too_many_arguments)]
     pub fn dir_rename(
         &self,
         p: PartitionId,
@@ -787,8 +802,9 @@ impl Store {
         from: Name,
         to: Name,
         replace: bool,
+        replace_dir: bool,
         mtime: Timespec,
-    ) -> R<Option<DirEntry>> {
+    ) -> R<Renamed> {
         self.meta_op();
         check_name(&to)?;
         let mut part = self.part_mut(p)?;
@@ -798,7 +814,7 @@ impl Store {
             .get(&(dir, from.clone()))
             .ok_or(ErrorCode::NotFound)?;
         if from == to {
-            return Ok(None);
+            return Ok(Renamed::default());
         }
         let old = part.entries.get(&(dir, to.clone())).copied();
         if let Some(old) = &old {
@@ -807,7 +823,10 @@ impl Store {
             }
             Self::replaceable(old, &src)?;
             if old.ino == src.ino {
-                return Ok(None);
+                return Ok(Renamed::default());
+            }
+            if old.kind == FileKind::Dir && !replace_dir {
+                return Err(ErrorCode::IsDir);
             }
             self.refund(entry_cost(&from));
         } else {
@@ -820,7 +839,25 @@ impl Store {
         part.entries.insert((dir, to), src);
         let d = Self::dir_of(&mut part, dir)?;
         Self::touch_dir(d, None, old.map(|o| o.kind), mtime);
-        Ok(old)
+        let ctime_set = part.inodes.get_mut(&src.ino).is_some_and(|i| {
+            i.ctime = mtime;
+            i.change += 1;
+            true
+        });
+        let replaced_here = old.filter(|o| o.kind != FileKind::Dir).and_then(|o| {
+            let i = part.inodes.get_mut(&o.ino)?;
+            i.nlink = i.nlink.saturating_sub(1);
+            i.ctime = mtime;
+            i.change += 1;
+            Some(o.ino)
+        });
+        let links = replaced_here.map(|ino| self.reap(&mut part, ino));
+        Ok(Renamed {
+            moved: Some(src),
+            ctime_set,
+            replaced: old,
+            links,
+        })
     }
 
     pub fn dir_destroy(&self, p: PartitionId, dir: Ino) -> R<()> {
@@ -875,6 +912,10 @@ mod tests {
 
     fn t(secs: i64) -> Timespec {
         Timespec { secs, nanos: 0 }
+    }
+
+    fn entry(ino: Ino, kind: FileKind) -> DirEntry {
+        DirEntry { ino, kind }
     }
 
     #[derive(Debug, Clone)]
@@ -1181,6 +1222,79 @@ mod tests {
     }
 
     #[test]
+    fn a_rename_over_a_placed_file_drops_its_link_and_sets_times_in_one_step() {
+        let s = store(1 << 20);
+        s.inode_create(0, inode(10, FileKind::Dir)).unwrap();
+        s.inode_create(0, inode(30, FileKind::Dir)).unwrap();
+        let mut full = inode(21, FileKind::File);
+        full.size = 5;
+        s.dir_create(0, 10, b"tmp".to_vec(), inode(20, FileKind::File), t(1))
+            .unwrap();
+        s.dir_create(0, 10, b"target".to_vec(), full, t(1)).unwrap();
+        s.dir_insert(
+            0,
+            10,
+            b"sub".to_vec(),
+            entry(30, FileKind::Dir),
+            false,
+            t(1),
+        )
+        .unwrap();
+        let renamed = s
+            .dir_rename(
+                0,
+                10,
+                b"tmp".to_vec(),
+                b"target".to_vec(),
+                true,
+                false,
+                t(2),
+            )
+            .unwrap();
+        let expected = Renamed {
+            moved: Some(entry(20, FileKind::File)),
+            ctime_set: true,
+            replaced: Some(entry(21, FileKind::File)),
+            links: Some((0, true)),
+        };
+        assert_eq!(renamed, expected, "21 is gone and had data");
+        assert_eq!(s.inode_get(0, 21), Err(ErrorCode::NotFound));
+        assert_eq!(s.inode_get(0, 20).unwrap().ctime, t(2));
+        // A directory at the target only on the caller's word that it is empty.
+        s.dir_create(0, 10, b"d".to_vec(), inode(22, FileKind::File), t(3))
+            .unwrap();
+        s.inode_create(0, inode(31, FileKind::Dir)).unwrap();
+        s.dir_insert(
+            0,
+            10,
+            b"sub2".to_vec(),
+            entry(31, FileKind::Dir),
+            false,
+            t(3),
+        )
+        .unwrap();
+        let dir_over_dir = |replace_dir| {
+            s.dir_rename(
+                0,
+                10,
+                b"sub2".to_vec(),
+                b"sub".to_vec(),
+                true,
+                replace_dir,
+                t(4),
+            )
+        };
+        assert_eq!(dir_over_dir(false), Err(ErrorCode::IsDir));
+        let renamed = dir_over_dir(true).unwrap();
+        assert_eq!(renamed.replaced, Some(entry(30, FileKind::Dir)));
+        assert_eq!(
+            renamed.links, None,
+            "a directory is destroyed by the caller"
+        );
+        assert_eq!(s.inode_get(0, 10).unwrap().nlink, 3, "2 + sub");
+    }
+
+    #[test]
     fn create_names_an_inode_at_once_or_changes_nothing() {
         let s = store(1 << 20);
         s.inode_create(0, inode(10, FileKind::Dir)).unwrap();
@@ -1334,17 +1448,22 @@ mod tests {
             Err(ErrorCode::NotFound)
         );
         assert_eq!(s.dir_destroy(0, d), Err(ErrorCode::NotEmpty));
+        let moved = Renamed {
+            moved: Some(file),
+            ..Renamed::default()
+        };
         assert_eq!(
-            s.dir_rename(0, d, b"f".to_vec(), b"g".to_vec(), false, t(4)),
-            Ok(None)
+            s.dir_rename(0, d, b"f".to_vec(), b"g".to_vec(), false, false, t(4)),
+            Ok(moved),
+            "inode 11 lives elsewhere: its ctime is the caller's to set"
         );
         assert_eq!(
-            s.dir_rename(0, d, b"g".to_vec(), b"s".to_vec(), true, t(4)),
+            s.dir_rename(0, d, b"g".to_vec(), b"s".to_vec(), true, true, t(4)),
             Err(ErrorCode::IsDir),
             "file over dir"
         );
         assert_eq!(
-            s.dir_rename(0, d, b"g".to_vec(), b"s".to_vec(), false, t(4)),
+            s.dir_rename(0, d, b"g".to_vec(), b"s".to_vec(), false, false, t(4)),
             Err(ErrorCode::Exists)
         );
         assert_eq!(

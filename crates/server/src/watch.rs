@@ -170,13 +170,25 @@ pub fn broken(op: &Op, resp: &Response) -> Vec<Broken> {
             }
             out
         }
-        (Op::DirRename { dir, from, to, .. }, _) => {
-            vec![
+        (
+            Op::DirRename { dir, from, to, .. },
+            Response::Renamed {
+                moved,
+                ctime_set,
+                replaced,
+                nlink,
+                ..
+            },
+        ) => {
+            let mut out = vec![
                 attr(*dir),
                 entry(*dir, from),
                 entry(*dir, to),
                 added(*dir, to),
-            ]
+            ];
+            out.extend(moved.filter(|_| *ctime_set).map(|m| attr(m.ino)));
+            out.extend(replaced.filter(|_| nlink.is_some()).map(|r| attr(r.ino)));
+            out
         }
         (Op::DirCreate { dir, name, .. }, _) => vec![attr(*dir), added(*dir, name)],
         (Op::DirDestroy { dir }, _) => vec![attr(*dir), Broken::Destroyed(*dir)],
@@ -578,11 +590,19 @@ mod tests {
             from: b"m".to_vec(),
             to: b"n".to_vec(),
             replace: true,
+            replace_dir: false,
             mtime: Timespec::now(),
+        };
+        let renamed = Response::Renamed {
+            moved: None,
+            ctime_set: false,
+            replaced: None,
+            nlink: None,
+            drop_data: false,
         };
         w.lock(0)
             .unwrap()
-            .r#break(None, false, broken(&rename, &Response::Replaced(None)));
+            .r#break(None, false, broken(&rename, &renamed));
         assert!(drain(&mut ra).is_empty());
         // ... but the directory's holder hears of both names.
         assert_eq!(drain(&mut rc).len(), 2);
