@@ -13,6 +13,7 @@ const MIB: u64 = 1 << 20;
 const ROOT: u64 = 1;
 const ENOENT: i32 = 2;
 const EACCES: i32 = 13;
+const EISDIR: i32 = 21;
 const EINVAL: i32 = 22;
 const ENOSPC: i32 = 28;
 const ENOTEMPTY: i32 = 39;
@@ -216,6 +217,41 @@ fn rename_within_and_across_directories() -> Result<()> {
     );
     w.ok(&json!({"cmd": "unlink", "path": "/d1/sub/z"}))?;
     assert_eq!(read_hash(&mut other, "/alias")?.0, 3 * MIB);
+    // Within a directory over a file with data: the old file and its data go in the same
+    // step (a temporary file renamed over its target, as editors and tools save).
+    let before = used(&mut w)?;
+    w.ok(&json!({"cmd": "write_file", "path": "/d1/new", "len": MIB, "seed": 12}))?;
+    w.ok(&json!({"cmd": "write_file", "path": "/d1/old", "len": 4 * MIB, "seed": 13}))?;
+    w.ok(&json!({"cmd": "rename", "from": "/d1/new", "to": "/d1/old"}))?;
+    assert_eq!(
+        read_hash(&mut other, "/d1/old")?.1,
+        digest(&pattern(12, 0, MIB as usize))
+    );
+    let after = wait_used(&mut w, |u| u < before + 2 * MIB)?;
+    assert!(
+        after < before + 2 * MIB,
+        "4 MiB replaced still held: {after}"
+    );
+    // A directory over a directory: only an empty one.
+    for d in ["/e1", "/e2"] {
+        w.ok(&json!({"cmd": "mkdir", "path": d}))?;
+    }
+    w.ok(&json!({"cmd": "write_file", "path": "/e2/f", "len": 1, "seed": 14}))?;
+    w.fails(
+        &json!({"cmd": "rename", "from": "/e1", "to": "/e2"}),
+        ENOTEMPTY,
+    )?;
+    w.fails(
+        &json!({"cmd": "rename", "from": "/d1/old", "to": "/e2"}),
+        EISDIR,
+    )?;
+    w.ok(&json!({"cmd": "unlink", "path": "/e2/f"}))?;
+    w.ok(&json!({"cmd": "rename", "from": "/e1", "to": "/e2"}))?;
+    other.fails(&json!({"cmd": "stat", "path": "/e1"}), ENOENT)?;
+    assert_eq!(
+        other.ok(&json!({"cmd": "readdir", "path": "/e2"}))?["names"],
+        json!([])
+    );
     Ok(())
 }
 
