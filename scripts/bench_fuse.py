@@ -1,7 +1,8 @@
 """FUSE benchmark driver (run by scripts/bench-fuse.sh): fio sequential 1 MiB write and read,
 random 4 KiB reads, `dd` writing, reading and re-reading the same size, reading back through a
 read-write handle, and a metadata test (creates, stats, listings, probes of absent names,
-unlinks per second from 1 and 4 processes) on each directory given, printed as a table with
+unlinks, and saves: a small file written and renamed over its target, per second from 1 and 4
+processes) on each directory given, printed as a table with
 ratios to the first ones.
 
 Usage: python3 scripts/bench_fuse.py SIZE NAME=DIR [NAME=DIR ...]
@@ -19,6 +20,8 @@ import socket
 from multiprocessing import Pool, Process, Queue
 
 META_FILES = 20000
+# One save per this many files of the metadata test.
+SAVES_PER = 4
 
 
 def fio(directory: str, rw: str, bs: str, size: str, extra: list[str]) -> dict[str, float]:
@@ -76,7 +79,7 @@ def read_back(directory: str, mib: int = 64) -> dict[str, float]:
     return {"rw read-back GB/s": seq, "rw random 4K reads/s": rand}
 
 
-def _meta_worker(args: tuple[str, int, int]) -> tuple[float, float, float, float, float]:
+def _meta_worker(args: tuple[str, int, int]) -> tuple[float, float, float, float, float, float]:
     directory, worker, n = args
     d = os.path.join(directory, f"meta{worker}")
     os.makedirs(d, exist_ok=True)
@@ -101,8 +104,18 @@ def _meta_worker(args: tuple[str, int, int]) -> tuple[float, float, float, float
     for p in names:
         os.unlink(p)
     t5 = time.perf_counter()
+    # Saves: a small temporary file written and renamed over the target, as editors and tools
+    # replace a file atomically.
+    target = os.path.join(d, "target")
+    for i in range(n // SAVES_PER):
+        tmp = os.path.join(d, f"t{i}")
+        with open(tmp, "wb") as f:
+            f.write(b"x" * 100)
+        os.replace(tmp, target)
+    t6 = time.perf_counter()
+    os.unlink(target)
     os.rmdir(d)
-    return (t1 - t0, t2 - t1, t5 - t4, t3 - t2, (t4 - t3) / 2)
+    return (t1 - t0, t2 - t1, t5 - t4, t3 - t2, (t4 - t3) / 2, (t6 - t5) * SAVES_PER)
 
 
 def meta(directory: str, procs: int) -> dict[str, float]:
@@ -117,6 +130,7 @@ def meta(directory: str, procs: int) -> dict[str, float]:
         "unlinks/s": total / max(t[2] for t in times),
         "listed/s": total / max(t[3] for t in times),
         "probes/s": total / max(t[4] for t in times),
+        "saves/s": total / max(t[5] for t in times),
     }
 
 

@@ -568,6 +568,19 @@ def test_replaced_file_is_seen_at_open(d: Path, other: Path) -> None:
     assert (d / "target").read_bytes() == b"new contents"
 
 
+def test_replaced_file_is_seen_at_open_though_held_open_elsewhere(d: Path, other: Path) -> None:
+    """A file replaced elsewhere while a process there keeps it open (or its close is still on
+    its way) lives on without a name: an open here through the name cached before finds the
+    new file, not that one."""
+    (d / "target").write_bytes(b"old")
+    assert (d / "target").stat().st_size == 3  # cached here
+    with open(other / "target", "rb") as held:
+        (other / "tmp").write_bytes(b"new contents")
+        os.rename(other / "tmp", other / "target")
+        assert (d / "target").read_bytes() == b"new contents"
+        assert held.read() == b"old"
+
+
 def _soon(what: str, check: Callable[[], bool]) -> None:
     """`check` holds within 5 s: well before the third mount's 30 s attribute time, long
     after a notice (microseconds) on a slow machine."""

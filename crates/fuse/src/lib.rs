@@ -449,6 +449,12 @@ impl Fs {
         }
     }
 
+    /// Does a handle of this mount hold `ino` open?
+    fn is_open_here(&self, ino: u64) -> bool {
+        let files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
+        files.values().any(|f| f.ino == ino)
+    }
+
     /// A truncate sets the size, whatever open handles wrote before it.
     fn forget_unpublished(&self, ino: u64) {
         let files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
@@ -959,6 +965,17 @@ impl Filesystem for TesseraFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.serve(move |fs| async move {
             match fs.client.open_ino(ino.0, &open_options(flags.0, 0)).await {
+                // No name leads to it any more, and no descriptor here holds it: the kernel's
+                // name for it is stale (the file was removed or replaced elsewhere while a
+                // handle, or a close still on its way, kept it). ESTALE makes the kernel look
+                // the name up again, as when the file is gone. (A descriptor of this mount
+                // reopening it through /proc still can.)
+                Ok(f) if f.attr().nlink == 0 && !fs.is_open_here(ino.0) => {
+                    if let Err(e) = f.close().await {
+                        tracing::debug!(ino = ino.0, "closing a stale open: {e}");
+                    }
+                    reply.error(Errno::ESTALE);
+                }
                 Ok(f) => {
                     if !fs.opts.attr_ttl.is_zero() {
                         // Close-to-open: the size and times the kernel cached may predate
