@@ -25,7 +25,7 @@ mod route;
 pub use error::Error;
 pub use file::{File, ReadSinks};
 pub use lane::Lane;
-pub use namespace::{OpenOptions, Unlinked, Usage};
+pub use namespace::{Moved, OpenOptions, Unlinked, Usage};
 pub use tessera_proto::{
     DirEntry, ErrorCode, FileKind, Inode, Listed, Name, Notice, NoticeSink, SetAttr, Timespec,
     NAME_MAX,

@@ -69,6 +69,15 @@ impl OpenOptions {
     }
 }
 
+/// What a rename replaced.
+#[derive(Debug, Clone, Default)]
+pub struct Moved {
+    /// The file or directory the target name led to.
+    pub replaced: Option<Ino>,
+    /// The directory right after, when the server reported it (a rename within one).
+    pub dir: Option<Inode>,
+}
+
 /// What an unlink removed.
 #[derive(Debug, Clone, Default)]
 pub struct Unlinked {
@@ -599,8 +608,7 @@ impl Client {
     /// also checks the kinds, sets the moved file's ctime and drops a replaced file's link
     /// (one request, unless the target is a directory, whose emptiness is checked first);
     /// across directories the new name is linked before the old one is removed, so the file
-    /// is never without a name (it may briefly have both). Returns the file or directory a
-    /// replaced target name led to.
+    /// is never without a name (it may briefly have both).
     pub async fn rename(
         &self,
         parent: Ino,
@@ -608,7 +616,7 @@ impl Client {
         new_parent: Ino,
         new_name: &[u8],
         noreplace: bool,
-    ) -> Result<Option<Ino>> {
+    ) -> Result<Moved> {
         check_name(name)?;
         check_name(new_name)?;
         if parent == new_parent {
@@ -632,7 +640,8 @@ impl Client {
                 return Err(ErrorCode::Exists.into());
             }
             if dst.ino == src.ino {
-                return Ok(None); // POSIX: both names are links to the same file: nothing to do
+                // POSIX: both names are links to the same file: nothing to do.
+                return Ok(Moved::default());
             }
             match (src.kind == FileKind::Dir, dst.kind == FileKind::Dir) {
                 (true, true) if !self.is_empty(dst.ino).await? => {
@@ -673,7 +682,10 @@ impl Client {
             .await?;
         let replaced = replaced.filter(|old| old.ino != src.ino);
         self.replaced(replaced, None).await?;
-        Ok(replaced.map(|old| old.ino))
+        Ok(Moved {
+            replaced: replaced.map(|old| old.ino),
+            dir: None,
+        })
     }
 
     /// A rename within `parent` (`Op::DirRename`), and what is left of it to do here.
@@ -684,7 +696,7 @@ impl Client {
         new_name: &[u8],
         noreplace: bool,
         replace_dir: bool,
-    ) -> Result<Option<Ino>> {
+    ) -> Result<Moved> {
         let now = Timespec::now();
         let op = Op::DirRename {
             dir: parent,
@@ -703,19 +715,27 @@ impl Client {
                 if e.is(&ErrorCode::NotFound)
                     && self.lookup_entry(parent, new_name).await.is_ok() =>
             {
-                return Ok(None);
+                return Ok(Moved::default());
             }
             (Err(e), _) => return Err(e),
         };
         let Response::Renamed {
-            moved: Some(moved),
+            moved,
             ctime_set,
             replaced,
             nlink,
             drop_data,
+            dir,
         } = renamed
         else {
-            return Ok(None); // nothing changed
+            return Err(unexpected(&renamed));
+        };
+        let Some(moved) = moved else {
+            // Nothing changed.
+            return Ok(Moved {
+                replaced: None,
+                dir: Some(dir),
+            });
         };
         self.dirs.forget(parent, name);
         self.dirs.forget(parent, new_name);
@@ -734,7 +754,10 @@ impl Client {
             .await?;
         }
         self.replaced(replaced, nlink.map(|_| drop_data)).await?;
-        Ok(replaced.map(|old| old.ino))
+        Ok(Moved {
+            replaced: replaced.map(|old| old.ino),
+            dir: Some(dir),
+        })
     }
 
     /// Finishes off what a rename replaced: a directory is destroyed; a file loses its link,

@@ -936,11 +936,16 @@ impl Filesystem for TesseraFs {
                 .client
                 .rename(parent.0, &name, newparent.0, &newname, noreplace)
                 .await;
-            if let Ok(replaced) = r {
-                fs.removed(replaced).await;
+            match &r {
+                Ok(moved) => {
+                    fs.removed(moved.replaced).await;
+                    fs.dir_changed(parent.0, moved.dir.clone());
+                }
+                Err(_) => fs.dir_changed(parent.0, None),
             }
-            fs.dir_changed(parent.0, None);
-            fs.dir_changed(newparent.0, None);
+            if newparent != parent {
+                fs.dir_changed(newparent.0, None);
+            }
             Fs::empty(reply, r.map(drop));
         });
     }

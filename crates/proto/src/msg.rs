@@ -416,13 +416,14 @@ pub enum Response {
     /// `DirRename` done. `moved`: the entry renamed (`None`: nothing changed, the names were
     /// one or led to one inode); `ctime_set`: its inode lives here and got the time. The entry
     /// overwritten, and, if its inode was here, what dropping the link did to it (as
-    /// `Unlinked`).
+    /// `Unlinked`); the directory after.
     Renamed {
         moved: Option<DirEntry>,
         ctime_set: bool,
         replaced: Option<DirEntry>,
         nlink: Option<u32>,
         drop_data: bool,
+        dir: Inode,
     },
     /// The entry removed; if its inode was here, what dropping the link did to it (as
     /// `Links`; with `nlink: None` the link is the caller's to drop); the directory after.

@@ -611,6 +611,7 @@ impl NodeHandler {
                         replaced: r.replaced,
                         nlink: r.links.map(|(n, _)| n),
                         drop_data: r.links.is_some_and(|(_, d)| d),
+                        dir: r.dir,
                     };
                     (resp, Bytes::new())
                 }),

@@ -141,7 +141,7 @@ type R<T> = Result<T, ErrorCode>;
 pub type Unlinked = (DirEntry, Option<(u32, bool)>, Inode);
 
 /// What a rename did (`Response::Renamed`).
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct Renamed {
     /// The entry renamed; `None` if nothing changed.
     pub moved: Option<DirEntry>,
@@ -151,6 +151,8 @@ pub struct Renamed {
     /// The replaced file's inode lived here and lost its link: its links left, and whether
     /// it is gone with data to drop.
     pub links: Option<(u32, bool)>,
+    /// The directory after.
+    pub dir: Inode,
 }
 
 fn entry_cost(name: &[u8]) -> u64 {
@@ -813,8 +815,17 @@ impl Store {
             .entries
             .get(&(dir, from.clone()))
             .ok_or(ErrorCode::NotFound)?;
+        let unchanged = |part: &mut Partition| {
+            Ok(Renamed {
+                moved: None,
+                ctime_set: false,
+                replaced: None,
+                links: None,
+                dir: Self::dir_of(part, dir)?.clone(),
+            })
+        };
         if from == to {
-            return Ok(Renamed::default());
+            return unchanged(&mut part);
         }
         let old = part.entries.get(&(dir, to.clone())).copied();
         if let Some(old) = &old {
@@ -823,7 +834,7 @@ impl Store {
             }
             Self::replaceable(old, &src)?;
             if old.ino == src.ino {
-                return Ok(Renamed::default());
+                return unchanged(&mut part);
             }
             if old.kind == FileKind::Dir && !replace_dir {
                 return Err(ErrorCode::IsDir);
@@ -857,6 +868,7 @@ impl Store {
             ctime_set,
             replaced: old,
             links,
+            dir: Self::dir_of(&mut part, dir)?.clone(),
         })
     }
 
@@ -1256,8 +1268,10 @@ mod tests {
             ctime_set: true,
             replaced: Some(entry(21, FileKind::File)),
             links: Some((0, true)),
+            dir: s.inode_get(0, 10).unwrap(),
         };
         assert_eq!(renamed, expected, "21 is gone and had data");
+        assert_eq!(renamed.dir.mtime, t(2));
         assert_eq!(s.inode_get(0, 21), Err(ErrorCode::NotFound));
         assert_eq!(s.inode_get(0, 20).unwrap().ctime, t(2));
         // A directory at the target only on the caller's word that it is empty.
@@ -1448,15 +1462,15 @@ mod tests {
             Err(ErrorCode::NotFound)
         );
         assert_eq!(s.dir_destroy(0, d), Err(ErrorCode::NotEmpty));
-        let moved = Renamed {
-            moved: Some(file),
-            ..Renamed::default()
-        };
+        let moved = s
+            .dir_rename(0, d, b"f".to_vec(), b"g".to_vec(), false, false, t(4))
+            .unwrap();
         assert_eq!(
-            s.dir_rename(0, d, b"f".to_vec(), b"g".to_vec(), false, false, t(4)),
-            Ok(moved),
+            (moved.moved, moved.ctime_set, moved.replaced, moved.links),
+            (Some(file), false, None, None),
             "inode 11 lives elsewhere: its ctime is the caller's to set"
         );
+        assert_eq!(moved.dir, s.inode_get(0, d).unwrap());
         assert_eq!(
             s.dir_rename(0, d, b"g".to_vec(), b"s".to_vec(), true, true, t(4)),
             Err(ErrorCode::IsDir),

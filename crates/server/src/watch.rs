@@ -599,6 +599,7 @@ mod tests {
             replaced: None,
             nlink: None,
             drop_data: false,
+            dir: Inode::new(7, FileKind::Dir, 0o755, 0, 0, 1, Vec::new()),
         };
         w.lock(0)
             .unwrap()
