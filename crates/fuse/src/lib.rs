@@ -168,6 +168,8 @@ const CHANGED_DIRS_MAX: usize = 4096;
 const PAGES_MAX: usize = 1 << 16;
 /// How long a released handle's close may wait to be sent with others.
 const CLOSE_DELAY: Duration = Duration::from_millis(1);
+/// How long an unmount waits for the closes still queued.
+const UNMOUNT_CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// A directory's entries as readdir hands them out (name, inode, type), snapshotted at opendir
 /// with the attributes that came with them (placed files), and when.
@@ -1181,7 +1183,14 @@ impl Filesystem for TesseraFs {
 
     fn destroy(&mut self) {
         let fs = &self.0;
-        fs.rt.block_on(fs.close_released());
+        // Bounded: with servers gone, an unmount must not wait out their failover. Closes not
+        // sent by then leave open counts behind, as a mount that died does.
+        let sent = fs.rt.block_on(async {
+            tokio::time::timeout(UNMOUNT_CLOSE_WAIT, fs.close_released()).await
+        });
+        if sent.is_err() {
+            tracing::warn!("unmounting before the last closes were answered");
+        }
     }
 
     /// Extends the size (mode 0) or does nothing (`KEEP_SIZE`); memory is not reserved ahead,
