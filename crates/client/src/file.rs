@@ -554,10 +554,8 @@ impl File {
             .meta(self.ino, Op::InodeClose { ino: self.ino })
             .await
         {
-            Ok(Response::Links {
-                drop_data: true, ..
-            }) => self.client.drop_data(self.ino).await,
-            Ok(_) => Ok(()),
+            Ok(Response::Links { .. }) => Ok(()),
+            Ok(other) => Err(unexpected(&other)),
             Err(e) => Err(e),
         };
         flushed.and(released)

@@ -492,28 +492,18 @@ impl Client {
         self.getattr(ino).await
     }
 
-    /// Drops one link of `ino`; deletes its data if that was the last link and no handle is open.
+    /// Drops one link of `ino`. If that was the last link and no handle is open, the server
+    /// deletes it and drops its data.
     async fn unref(&self, ino: Ino) -> Result<()> {
-        if let Response::Links {
-            drop_data: true, ..
-        } = self
-            .meta(
-                ino,
-                Op::InodeLink {
-                    ino,
-                    delta: -1,
-                    ctime: Timespec::now(),
-                },
-            )
-            .await?
-        {
-            self.router.broadcast(Op::DropFile { file: ino }).await?;
+        let op = Op::InodeLink {
+            ino,
+            delta: -1,
+            ctime: Timespec::now(),
+        };
+        match self.meta(ino, op).await? {
+            Response::Links { .. } => Ok(()),
+            other => Err(unexpected(&other)),
         }
-        Ok(())
-    }
-
-    pub(crate) async fn drop_data(&self, ino: Ino) -> Result<()> {
-        self.router.broadcast(Op::DropFile { file: ino }).await
     }
 
     /// Removes a non-directory name. An open file keeps its data until its last close. A
@@ -534,15 +524,11 @@ impl Client {
             (
                 Ok(Response::Unlinked {
                     nlink: Some(_),
-                    drop_data,
                     entry,
                     dir,
                 }),
                 _,
             ) => {
-                if drop_data {
-                    self.drop_data(entry.ino).await?;
-                }
                 return Ok(Unlinked {
                     ino: Some(entry.ino),
                     dir: Some(dir),
@@ -681,7 +667,7 @@ impl Client {
         self.meta(src.ino, Op::InodeSetAttr { ino: src.ino, attr })
             .await?;
         let replaced = replaced.filter(|old| old.ino != src.ino);
-        self.replaced(replaced, None).await?;
+        self.replaced(replaced, false).await?;
         Ok(Moved {
             replaced: replaced.map(|old| old.ino),
             dir: None,
@@ -724,7 +710,6 @@ impl Client {
             ctime_set,
             replaced,
             nlink,
-            drop_data,
             dir,
         } = renamed
         else {
@@ -753,7 +738,7 @@ impl Client {
             )
             .await?;
         }
-        self.replaced(replaced, nlink.map(|_| drop_data)).await?;
+        self.replaced(replaced, nlink.is_some()).await?;
         Ok(Moved {
             replaced: replaced.map(|old| old.ino),
             dir: Some(dir),
@@ -761,14 +746,13 @@ impl Client {
     }
 
     /// Finishes off what a rename replaced: a directory is destroyed; a file loses its link,
-    /// unless the server dropped it already (`dropped`: whether its data must go).
-    async fn replaced(&self, old: Option<DirEntry>, dropped: Option<bool>) -> Result<()> {
-        match (old, dropped) {
-            (Some(old), _) if old.kind == FileKind::Dir => {
+    /// unless the server dropped it already (`unlinked`).
+    async fn replaced(&self, old: Option<DirEntry>, unlinked: bool) -> Result<()> {
+        match old {
+            Some(old) if old.kind == FileKind::Dir => {
                 self.meta(old.ino, Op::DirDestroy { dir: old.ino }).await?;
             }
-            (Some(old), None) => self.unref(old.ino).await?,
-            (Some(old), Some(true)) => self.drop_data(old.ino).await?,
+            Some(old) if !unlinked => self.unref(old.ino).await?,
             _ => {}
         }
         Ok(())

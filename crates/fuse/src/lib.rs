@@ -178,11 +178,10 @@ struct Listing {
     at: Instant,
 }
 
-/// Released handles whose close is to be sent, and the files of the batch being sent.
+/// Released handles whose close is to be sent.
 #[derive(Default)]
 struct Closing {
     queued: Vec<Arc<OpenFile>>,
-    sending: Vec<u64>,
 }
 
 /// An open file. `sync` is O_SYNC/O_DSYNC: every write is stored before it returns.
@@ -408,12 +407,7 @@ impl Fs {
     /// Sends the closes of released handles, after those already on their way.
     async fn close_released(self: &Arc<Self>) {
         let _gate = self.close_gate.lock().await;
-        let batch = {
-            let mut closing = self.closing();
-            let batch = std::mem::take(&mut closing.queued);
-            closing.sending = batch.iter().map(|h| h.ino).collect();
-            batch
-        };
+        let batch = std::mem::take(&mut self.closing().queued);
         if batch.is_empty() {
             return;
         }
@@ -433,21 +427,6 @@ impl Fs {
         });
         if let Err(e) = sent.await {
             tracing::warn!("closing released files: {e}");
-        }
-        self.closing().sending.clear();
-    }
-
-    /// This mount removed a name of `ino` (unlink, rename over it): if a close of it is still
-    /// to be done, done now, so that a file closed and then removed here is freed at once, as
-    /// locally (the close is what finds it unlinked and drops its data).
-    async fn removed(self: &Arc<Self>, ino: Option<u64>) {
-        let Some(ino) = ino else { return };
-        let pending = {
-            let closing = self.closing();
-            closing.queued.iter().any(|h| h.ino == ino) || closing.sending.contains(&ino)
-        };
-        if pending {
-            self.close_released().await;
         }
     }
 
@@ -878,7 +857,6 @@ impl Filesystem for TesseraFs {
         self.serve(move |fs| async move {
             match fs.client.unlink_in(parent.0, &name).await {
                 Ok(gone) => {
-                    fs.removed(gone.ino).await;
                     fs.dir_changed(parent.0, gone.dir);
                     reply.ok();
                 }
@@ -940,7 +918,6 @@ impl Filesystem for TesseraFs {
                 .await;
             match &r {
                 Ok(moved) => {
-                    fs.removed(moved.replaced).await;
                     fs.dir_changed(parent.0, moved.dir.clone());
                 }
                 Err(_) => fs.dir_changed(parent.0, None),

@@ -189,8 +189,9 @@ pub enum Op {
     },
     /// Node-wide: cut every stripe of `file` held here to end at byte `size` of the file.
     TruncateStripes { file: Ino, size: u64 },
-    /// Node-wide: delete every stripe of `file` held here.
-    DropFile { file: Ino },
+    /// Node-wide, from the server that deleted these files' inodes: delete their stripes held
+    /// here (each file with its size at deletion: its stripes lie below it). Reply: `Ok`.
+    DropFiles { files: Vec<(Ino, u64)> },
     /// Create an inode; `Exists` if the number is taken. Reply: `Ok`.
     InodeCreate { inode: Inode },
     /// Reply: `Inode`.
@@ -204,7 +205,7 @@ pub enum Op {
         mtime: Timespec,
     },
     /// Add `delta` to the link count. When links and open handles both reach zero the server
-    /// deletes the inode and answers `drop_data: true`. Reply: `Links`.
+    /// deletes the inode and drops its stripes in the background. Reply: `Links`.
     InodeLink {
         ino: Ino,
         delta: i32,
@@ -212,7 +213,7 @@ pub enum Op {
     },
     /// Count an open handle and return the inode (close-to-open: attributes fetched at open).
     InodeOpen { ino: Ino },
-    /// Release an open handle; may delete an unlinked inode (`drop_data`). Reply: `Links`.
+    /// Release an open handle; may delete an unlinked inode (as `InodeLink`). Reply: `Links`.
     InodeClose { ino: Ino },
     /// Add an entry to directory `dir` (whose inode lives on this node); with `replace`, an
     /// existing entry is replaced when POSIX rename allows it (file over file, dir over dir) and
@@ -404,7 +405,6 @@ pub enum Response {
     Inode(Inode),
     Links {
         nlink: u32,
-        drop_data: bool,
     },
     Entry(DirEntry),
     /// A looked-up entry and, if it lives in the directory's partition, its inode.
@@ -422,7 +422,6 @@ pub enum Response {
         ctime_set: bool,
         replaced: Option<DirEntry>,
         nlink: Option<u32>,
-        drop_data: bool,
         dir: Inode,
     },
     /// The entry removed; if its inode was here, what dropping the link did to it (as
@@ -430,7 +429,6 @@ pub enum Response {
     Unlinked {
         entry: DirEntry,
         nlink: Option<u32>,
-        drop_data: bool,
         dir: Inode,
     },
     Entries {

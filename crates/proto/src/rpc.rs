@@ -803,7 +803,7 @@ mod tests {
     use crate::msg::{ErrorCode, Op};
     use tokio::io::AsyncReadExt;
 
-    /// Echoes the payload back; `NodeStats` answers an error; `DropFile` also sends the
+    /// Echoes the payload back; `NodeStats` answers an error; `DropFiles` also sends the
     /// connection's watcher a notice about the file.
     struct Echo;
     impl Handler for Echo {
@@ -813,11 +813,13 @@ mod tests {
                     op: Op::NodeStats, ..
                 } => Reply::Now(Response::Error(ErrorCode::NotFound), Bytes::new()),
                 Request::Op {
-                    op: Op::DropFile { file },
+                    op: Op::DropFiles { files },
                     ..
                 } => {
                     if let Some(w) = conn.watcher() {
-                        w.notify(Notice::Attr { ino: file });
+                        for (ino, _) in files {
+                            w.notify(Notice::Attr { ino });
+                        }
                     }
                     Reply::Now(Response::Ok, payload)
                 }
@@ -900,7 +902,9 @@ mod tests {
         let mut conn = lane(addr, &cfg, Some(watcher)).await.unwrap();
         let drop_file = Request::Op {
             epoch: 1,
-            op: Op::DropFile { file: 7 },
+            op: Op::DropFiles {
+                files: vec![(7, 1)],
+            },
         };
         let (conn, answer) = tokio::task::spawn_blocking(move || {
             let answer = conn.call(&drop_file, b"xyz");

@@ -9,14 +9,15 @@
 //! [`crate::sync`] pulling snapshots and deltas from the primary ([`Op::SyncPull`]).
 
 use crate::peers::Peers;
-use crate::store::{Delta, Snapshot, Store};
+use crate::purge;
+use crate::store::{Delta, Links, Snapshot, Store};
 use crate::watch::{self, Watches};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
-use tessera_placement::{meta_partition, stripe_partition, Epoch, NodeId, PartitionId};
+use tessera_placement::{meta_partition, stripe_partition, Epoch, Ino, NodeId, PartitionId};
 use tessera_proto::{
     BufferPool, ClusterConfig, Conn, ErrorCode, Handler, NodeStats, Notice, Op, Reply, Request,
     Response, RpcConfig, TableInfo, Watcher,
@@ -37,10 +38,25 @@ const PAGE_ITEMS: usize = 8192;
 /// only those).
 pub struct Installed {
     pub info: TableInfo,
+    /// Sorted.
     held: Vec<PartitionId>,
     /// The latest change epoch of any partition this node holds or receives: node-wide
     /// operations routed before it may have missed a copy here.
     node_changed: Epoch,
+}
+
+impl Installed {
+    pub(crate) fn held(&self) -> &[PartitionId] {
+        &self.held
+    }
+}
+
+/// Which copy of a partition applies a change: only the primary acts on what it implies beyond
+/// the partition (dropping a deleted file's stripes everywhere).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Primary,
+    Mirror,
 }
 
 /// One node's pull of one partition, as the primary sees it: the last snapshot sent and the
@@ -68,6 +84,8 @@ pub struct NodeHandler {
     /// Callback promises made to subscribed connections, per partition.
     watches: Watches,
     sessions: Mutex<HashMap<(PartitionId, NodeId), Session>>,
+    /// Deleted files whose stripes are still to be dropped ([`crate::purge`]).
+    pub(crate) purge: purge::Queue,
     /// Partitions fenced for a sync's last round: the epoch they were fenced at, and when.
     fences: Mutex<HashMap<PartitionId, (Epoch, Instant)>>,
     /// Fault injection: every stripe request waits this long first (a slow node).
@@ -128,6 +146,7 @@ impl NodeHandler {
                 .collect(),
             watches: Watches::new(config.partitions, watch::MAX_PROMISES),
             sessions: Mutex::default(),
+            purge: purge::Queue::default(),
             fences: Mutex::default(),
             fault_delay: Duration::ZERO,
             syncing: AtomicU32::new(0),
@@ -301,7 +320,7 @@ impl NodeHandler {
             | Op::DirDestroy { dir }
             | Op::DirCreate { dir, .. } => Some(meta_partition(*dir, p)),
             Op::SyncPull { partition, .. } => Some(*partition),
-            Op::TruncateStripes { .. } | Op::DropFile { .. } | Op::NodeStats => None,
+            Op::TruncateStripes { .. } | Op::DropFiles { .. } | Op::NodeStats => None,
         }
     }
 
@@ -373,7 +392,7 @@ impl NodeHandler {
             let h = self.clone();
             return Reply::Later(Box::pin(async move {
                 tokio::time::sleep(h.fault_delay).await;
-                h.apply(&t.held, p, op, payload)
+                h.apply(&t.held, p, op, payload, Role::Primary)
             }));
         }
         now(self.apply_promised(from, &t.held, p, op, payload))
@@ -429,10 +448,10 @@ impl NodeHandler {
             None
         };
         let Some(mut locked) = locked else {
-            return self.apply(held, p, op, payload);
+            return self.apply(held, p, op, payload, Role::Primary);
         };
         let asked = op.clone();
-        let answer = self.apply(held, p, op, payload);
+        let answer = self.apply(held, p, op, payload, Role::Primary);
         if change {
             let origin_too = watch::origin_told(&asked);
             locked.r#break(from, origin_too, watch::broken(&asked, &answer.0));
@@ -530,12 +549,25 @@ impl NodeHandler {
         {
             return err(stale(table.epoch()));
         }
-        self.apply(&t.held, p, op, Bytes::new())
+        self.apply(&t.held, p, op, Bytes::new(), Role::Mirror)
     }
 
-    fn apply(&self, held: &[PartitionId], p: PartitionId, op: Op, payload: Bytes) -> Answer {
-        let held = || held.iter().copied();
+    fn apply(
+        &self,
+        held: &[PartitionId],
+        p: PartitionId,
+        op: Op,
+        payload: Bytes,
+        role: Role,
+    ) -> Answer {
         let s = &self.store;
+        // A deleted file's stripes are the primary's to drop, once the answer is made.
+        let links = |ino: Ino, (nlink, data): Links| {
+            if let (Some(size), Role::Primary) = (data, role) {
+                self.purge.push(ino, size);
+            }
+            nlink
+        };
         let result: Result<Answer, ErrorCode> = match op {
             Op::WriteStripe {
                 file,
@@ -550,15 +582,19 @@ impl NodeHandler {
             } => s
                 .read(p, file, stripe, offset, len)
                 .map(|b| (Response::Ok, b)),
-            Op::TruncateStripes { file, size } => s.truncate(held(), file, size).map(|()| ok()),
-            Op::DropFile { file } => s.drop_file(held(), file).map(|()| ok()),
+            Op::TruncateStripes { file, size } => {
+                s.truncate(held.iter().copied(), file, size).map(|()| ok())
+            }
+            Op::DropFiles { files } => s.drop_files(held, &files).map(|()| ok()),
             Op::InodeCreate { inode } => s.inode_create(p, inode).map(|()| ok()),
             Op::InodeGet { ino } => s.inode_get(p, ino).map(inode),
             Op::InodeSetAttr { ino, attr } => s.inode_setattr(p, ino, &attr).map(inode),
             Op::InodeExtend { ino, size, mtime } => s.inode_extend(p, ino, size, mtime).map(inode),
-            Op::InodeLink { ino, delta, ctime } => s.inode_link(p, ino, delta, ctime).map(links),
+            Op::InodeLink { ino, delta, ctime } => s
+                .inode_link(p, ino, delta, ctime)
+                .map(|l| answer_links(links(ino, l))),
             Op::InodeOpen { ino } => s.inode_open(p, ino).map(inode),
-            Op::InodeClose { ino } => s.inode_close(p, ino).map(links),
+            Op::InodeClose { ino } => s.inode_close(p, ino).map(|l| answer_links(links(ino, l))),
             Op::DirInsert {
                 dir,
                 name,
@@ -578,16 +614,14 @@ impl NodeHandler {
                 .dir_remove(p, dir, name, expect, want_dir, mtime)
                 .map(|e| (Response::Entry(e), Bytes::new())),
             Op::DirUnlink { dir, name, mtime } => {
-                s.dir_unlink(p, dir, name, mtime)
-                    .map(|(entry, links, dir)| {
-                        let resp = Response::Unlinked {
-                            entry,
-                            nlink: links.map(|(n, _)| n),
-                            drop_data: links.is_some_and(|(_, d)| d),
-                            dir,
-                        };
-                        (resp, Bytes::new())
-                    })
+                s.dir_unlink(p, dir, name, mtime).map(|(entry, l, dir)| {
+                    let resp = Response::Unlinked {
+                        entry,
+                        nlink: l.map(|l| links(entry.ino, l)),
+                        dir,
+                    };
+                    (resp, Bytes::new())
+                })
             }
             Op::DirLookup { dir, name } => s
                 .dir_lookup(p, dir, &name)
@@ -609,8 +643,7 @@ impl NodeHandler {
                         moved: r.moved,
                         ctime_set: r.ctime_set,
                         replaced: r.replaced,
-                        nlink: r.links.map(|(n, _)| n),
-                        drop_data: r.links.is_some_and(|(_, d)| d),
+                        nlink: r.replaced.zip(r.links).map(|(e, l)| links(e.ino, l)),
                         dir: r.dir,
                     };
                     (resp, Bytes::new())
@@ -753,8 +786,8 @@ fn ok() -> Answer {
 fn inode(i: tessera_proto::Inode) -> Answer {
     (Response::Inode(i), Bytes::new())
 }
-fn links((nlink, drop_data): (u32, bool)) -> Answer {
-    (Response::Links { nlink, drop_data }, Bytes::new())
+fn answer_links(nlink: u32) -> Answer {
+    (Response::Links { nlink }, Bytes::new())
 }
 
 /// The RPC face of a node: requests come in through here.

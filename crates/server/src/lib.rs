@@ -5,6 +5,7 @@
 
 pub mod handler;
 mod peers;
+mod purge;
 pub mod store;
 mod sync;
 pub mod watch;
@@ -179,6 +180,7 @@ pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
         Arc::new(Service(handler.clone())),
     ));
     tasks.spawn(sync::run(handler.clone(), opts.manager, opts.sync_rate));
+    tasks.spawn(purge::run(handler.clone()));
     tasks.spawn(heartbeat(handler, manager, opts, rpc));
     Ok(RunningServer { addr, node, tasks })
 }

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use tessera_placement::{Ino, PartitionId};
+use tessera_placement::{stripe_partition, Ino, PartitionId};
 use tessera_proto::{
     check_name, BufferPool, DirEntry, ErrorCode, FileKind, Inode, Listed, Name, SetAttr, SyncItem,
     Timespec, DIR_PAGE_INODE_BYTES, DIR_PAGE_MAX,
@@ -136,9 +136,13 @@ pub struct Store {
 
 type R<T> = Result<T, ErrorCode>;
 
-/// What an unlink removed: the entry, the link count and stripes verdict if the inode was in
-/// the same partition, and the directory after.
-pub type Unlinked = (DirEntry, Option<(u32, bool)>, Inode);
+/// What dropping a link or closing a handle did to an inode: the links left, and the file's
+/// size if it was deleted with stripes to drop ([`Store::drop_files`]).
+pub type Links = (u32, Option<u64>);
+
+/// What an unlink removed: the entry, the links verdict if the inode was in the same
+/// partition, and the directory after.
+pub type Unlinked = (DirEntry, Option<Links>, Inode);
 
 /// What a rename did (`Response::Renamed`).
 #[derive(Debug, PartialEq, Eq)]
@@ -150,7 +154,7 @@ pub struct Renamed {
     pub replaced: Option<DirEntry>,
     /// The replaced file's inode lived here and lost its link: its links left, and whether
     /// it is gone with data to drop.
-    pub links: Option<(u32, bool)>,
+    pub links: Option<Links>,
     /// The directory after.
     pub dir: Inode,
 }
@@ -478,9 +482,27 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes every stripe of `file` in the given partitions.
-    pub fn drop_file(&self, parts: impl Iterator<Item = PartitionId>, file: Ino) -> R<()> {
-        self.truncate(parts, file, 0)
+    /// Deletes the stripes of deleted files, each of the given size, in the partitions of
+    /// `held` (sorted) their stripes hash to.
+    pub fn drop_files(&self, held: &[PartitionId], files: &[(Ino, u64)]) -> R<()> {
+        let n = self.partitions.len() as u32;
+        for &(file, size) in files {
+            let stripes = size.div_ceil(u64::from(self.stripe_size));
+            // A file with a stripe for every partition is not worth hashing stripe by stripe.
+            let parts: Vec<PartitionId> = if stripes >= u64::from(n) {
+                held.to_vec()
+            } else {
+                let mut parts: Vec<PartitionId> = (0..stripes)
+                    .map(|s| stripe_partition(file, s, n))
+                    .filter(|p| held.binary_search(p).is_ok())
+                    .collect();
+                parts.sort_unstable();
+                parts.dedup();
+                parts
+            };
+            self.truncate(parts.into_iter(), file, 0)?;
+        }
+        Ok(())
     }
 
     // ---- inodes ----
@@ -553,30 +575,24 @@ impl Store {
         })
     }
 
-    /// Removes the inode if it has neither links nor open handles. Returns the link count and
-    /// whether the file's stripes must be dropped: only when it was removed with a non-zero
-    /// size (every handle flushed before its last close, and truncate drops stripes itself, so
-    /// a file of size 0 has none), which spares unlinks of empty files a broadcast.
-    fn reap(&self, part: &mut Partition, ino: Ino) -> (u32, bool) {
+    /// Removes the inode if it has neither links nor open handles. Its stripes are to be
+    /// dropped only if it was removed with a non-zero size: every handle flushed before its
+    /// last close, and truncate drops stripes itself, so a file has none past its size.
+    fn reap(&self, part: &mut Partition, ino: Ino) -> Links {
         match part.inodes.get(&ino) {
             Some(i) if i.nlink == 0 && i.open_count == 0 => {
                 let i = part.inodes.remove(&ino).expect("present");
                 self.refund(INODE_COST + i.target.len() as u64);
                 self.inodes.fetch_sub(1, Ordering::Relaxed);
-                (0, i.size > 0 && i.kind == FileKind::File)
+                let data = i.size > 0 && i.kind == FileKind::File;
+                (0, data.then_some(i.size))
             }
-            Some(i) => (i.nlink, false),
-            None => (0, false),
+            Some(i) => (i.nlink, None),
+            None => (0, None),
         }
     }
 
-    pub fn inode_link(
-        &self,
-        p: PartitionId,
-        ino: Ino,
-        delta: i32,
-        ctime: Timespec,
-    ) -> R<(u32, bool)> {
+    pub fn inode_link(&self, p: PartitionId, ino: Ino, delta: i32, ctime: Timespec) -> R<Links> {
         self.meta_op();
         let mut part = self.part_mut(p)?;
         let i = part.inodes.get_mut(&ino).ok_or(ErrorCode::NotFound)?;
@@ -593,7 +609,7 @@ impl Store {
         })
     }
 
-    pub fn inode_close(&self, p: PartitionId, ino: Ino) -> R<(u32, bool)> {
+    pub fn inode_close(&self, p: PartitionId, ino: Ino) -> R<Links> {
         self.meta_op();
         let mut part = self.part_mut(p)?;
         let i = part.inodes.get_mut(&ino).ok_or(ErrorCode::NotFound)?;
@@ -1126,8 +1142,40 @@ mod tests {
             "stored without a copy"
         );
         assert_eq!(s.stripe_count(), 1);
-        s.drop_file(0..4, 5).unwrap();
+        s.truncate(0..4, 5, 0).unwrap();
         assert_eq!((s.stripe_count(), s.used()), (0, 0));
+    }
+
+    #[test]
+    fn a_deleted_file_is_dropped_where_its_stripes_hash_below_its_size() {
+        let s = store(1 << 20);
+        let put = |file: Ino, stripe: u64| {
+            let p = stripe_partition(file, stripe, 4);
+            s.write(p, file, stripe, 0, Bytes::from_static(b"x"))
+                .unwrap();
+        };
+        for stripe in 0..3 {
+            put(5, stripe);
+        }
+        put(6, 0);
+        // Two and a half stripes of file 5, on the partitions held here.
+        let held: Vec<PartitionId> = (0..4).collect();
+        s.drop_files(&held, &[(5, 2 * u64::from(SS) + 1)]).unwrap();
+        assert_eq!(s.stripe_count(), 1, "file 6 keeps its stripe");
+        // Stripes past the size are not looked for; a file of as many stripes as there are
+        // partitions is looked for everywhere.
+        put(5, 9);
+        s.drop_files(&held, &[(5, u64::from(SS))]).unwrap();
+        assert_eq!(s.stripe_count(), 2);
+        s.drop_files(&held, &[(5, 4 * u64::from(SS)), (6, 1)])
+            .unwrap();
+        assert_eq!((s.stripe_count(), s.used()), (0, 0));
+        // Partitions not held are left alone.
+        put(7, 0);
+        let p = stripe_partition(7, 0, 4);
+        let others: Vec<PartitionId> = (0..4).filter(|&q| q != p).collect();
+        s.drop_files(&others, &[(7, 1)]).unwrap();
+        assert_eq!(s.stripe_count(), 1);
     }
 
     #[test]
@@ -1186,9 +1234,9 @@ mod tests {
             Err(ErrorCode::Exists)
         );
         assert_eq!(s.inode_open(0, 7).unwrap().open_count, 1);
-        assert_eq!(s.inode_link(0, 7, 1, t(1)), Ok((2, false)));
-        assert_eq!(s.inode_link(0, 7, -1, t(2)), Ok((1, false)));
-        assert_eq!(s.inode_link(0, 7, -1, t(3)), Ok((0, false)), "still open");
+        assert_eq!(s.inode_link(0, 7, 1, t(1)), Ok((2, None)));
+        assert_eq!(s.inode_link(0, 7, -1, t(2)), Ok((1, None)));
+        assert_eq!(s.inode_link(0, 7, -1, t(3)), Ok((0, None)), "still open");
         assert!(s.inode_get(0, 7).is_ok());
         let extended = s.inode_extend(0, 7, 1, t(4)).unwrap();
         assert_eq!(extended.size, 1);
@@ -1204,7 +1252,7 @@ mod tests {
         assert_eq!(s.inode_setattr(0, 7, &attr).unwrap().change, 5);
         assert_eq!(
             s.inode_close(0, 7),
-            Ok((0, true)),
+            Ok((0, Some(1))),
             "last close reaps it; it has data to drop"
         );
         assert_eq!(s.inode_get(0, 7), Err(ErrorCode::NotFound));
@@ -1212,7 +1260,7 @@ mod tests {
         s.inode_create(0, inode(9, FileKind::File)).unwrap();
         assert_eq!(
             s.inode_link(0, 9, -1, t(4)),
-            Ok((0, false)),
+            Ok((0, None)),
             "an empty file has no stripes to drop"
         );
         s.inode_create(0, inode(8, FileKind::File)).unwrap();
@@ -1267,7 +1315,7 @@ mod tests {
             moved: Some(entry(20, FileKind::File)),
             ctime_set: true,
             replaced: Some(entry(21, FileKind::File)),
-            links: Some((0, true)),
+            links: Some((0, Some(5))),
             dir: s.inode_get(0, 10).unwrap(),
         };
         assert_eq!(renamed, expected, "21 is gone and had data");
@@ -1371,12 +1419,12 @@ mod tests {
             ino,
             kind: FileKind::File,
         };
-        assert_eq!(unlink(&s, "a"), Ok((e(20), Some((0, true)), t(3))));
+        assert_eq!(unlink(&s, "a"), Ok((e(20), Some((0, Some(5))), t(3))));
         assert_eq!(s.inode_get(0, 20), Err(ErrorCode::NotFound), "reaped");
-        assert_eq!(unlink(&s, "b"), Ok((e(21), Some((1, false)), t(3))));
+        assert_eq!(unlink(&s, "b"), Ok((e(21), Some((1, None)), t(3))));
         assert_eq!(s.inode_get(0, 21).unwrap().nlink, 1);
         let kept = unlink(&s, "open");
-        assert_eq!(kept, Ok((e(22), Some((0, false)), t(3))), "open: kept");
+        assert_eq!(kept, Ok((e(22), Some((0, None)), t(3))), "open: kept");
         // A name whose inode lives elsewhere (a hard link): the caller drops the link.
         let far = DirEntry {
             ino: 99,

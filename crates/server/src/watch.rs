@@ -427,7 +427,6 @@ mod tests {
                 kind: FileKind::File,
             },
             nlink: Some(0),
-            drop_data: false,
             dir: file(dir),
         };
         (op, resp)
@@ -598,7 +597,6 @@ mod tests {
             ctime_set: false,
             replaced: None,
             nlink: None,
-            drop_data: false,
             dir: Inode::new(7, FileKind::Dir, 0o755, 0, 0, 1, Vec::new()),
         };
         w.lock(0)

@@ -150,6 +150,67 @@ fn a_server_killed_during_reads_is_failed_over() -> Result<()> {
     Ok(())
 }
 
+fn used(w: &mut Worker) -> Result<u64> {
+    Ok(w.ok(&json!({"cmd": "usage"}))?["used"]
+        .as_u64()
+        .unwrap_or(u64::MAX))
+}
+
+/// Deleted files' stripes are dropped by the servers holding their inodes, on every node and
+/// copy, also while a server that held some of them is dead (the drop gets around it once it
+/// is out of the table).
+#[test]
+fn deleted_files_give_their_space_back_on_every_copy_also_past_a_dead_server() -> Result<()> {
+    let mut cluster = Cluster::start(&spec(4, 2))?;
+    let (mut w, mut watch) = (cluster.worker()?, cluster.worker()?);
+    watch.ok(&json!({"cmd": "status"}))?;
+    let empty = used(&mut w)?;
+    w.ok(&json!({"cmd": "mkdir", "path": "/p"}))?;
+    let files: Vec<_> = (0..150u64)
+        .map(|k| {
+            (
+                format!("/p/f{k}"),
+                if k % 50 == 0 { 5 * MIB } else { 100_000 + k },
+                k,
+            )
+        })
+        .collect();
+    for (path, len, seed) in &files {
+        write(&mut w, path, *len, *seed)?;
+    }
+    let total: u64 = files.iter().map(|f| f.1).sum();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while used(&mut w)? < empty + 2 * total && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        used(&mut w)? >= empty + 2 * total,
+        "two copies of everything"
+    );
+    // Half of them go while every server is up, half right after one died.
+    for (path, _, _) in &files[..75] {
+        w.ok(&json!({"cmd": "unlink", "path": path}))?;
+    }
+    cluster.kill_server(2)?;
+    for (path, _, _) in &files[75..] {
+        w.ok(&json!({"cmd": "unlink", "path": path}))?;
+    }
+    Cluster::wait_status(&mut watch, Duration::from_secs(90), |st| {
+        alive(st) == 3 && settled(st)
+    })?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut now = used(&mut w)?;
+    while now > empty + MIB && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        now = used(&mut w)?;
+    }
+    assert!(
+        now <= empty + MIB,
+        "space of deleted files still held: {now} bytes against {empty} before the writes"
+    );
+    Ok(())
+}
+
 #[test]
 fn a_single_copy_lost_with_its_server_reads_as_eio() -> Result<()> {
     let mut cluster = Cluster::start(&spec(3, 1))?;
