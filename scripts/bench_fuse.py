@@ -1,9 +1,9 @@
 """FUSE benchmark driver (run by scripts/bench-fuse.sh): fio sequential 1 MiB write and read,
 random 4 KiB reads, `dd` writing, reading and re-reading the same size, reading back through a
 read-write handle, and a metadata test (creates, stats, listings, probes of absent names,
-unlinks, and saves: a small file written and renamed over its target, per second from 1 and 4
-processes) on each directory given, printed as a table with
-ratios to the first ones.
+unlinks, saves: a small file written and renamed over its target, and small outputs: 100 bytes
+written to a new file, then removed; per second from 1 and 4 processes) on each directory
+given, printed as a table with ratios to the first ones.
 
 Usage: python3 scripts/bench_fuse.py SIZE NAME=DIR [NAME=DIR ...]
 Environment: PHASES (default "io,meta"): "meta" alone skips fio.
@@ -79,7 +79,7 @@ def read_back(directory: str, mib: int = 64) -> dict[str, float]:
     return {"rw read-back GB/s": seq, "rw random 4K reads/s": rand}
 
 
-def _meta_worker(args: tuple[str, int, int]) -> tuple[float, float, float, float, float, float]:
+def _meta_worker(args: tuple[str, int, int]) -> tuple[float, ...]:
     directory, worker, n = args
     d = os.path.join(directory, f"meta{worker}")
     os.makedirs(d, exist_ok=True)
@@ -114,8 +114,29 @@ def _meta_worker(args: tuple[str, int, int]) -> tuple[float, float, float, float
         os.replace(tmp, target)
     t6 = time.perf_counter()
     os.unlink(target)
+    # Small outputs: 100 bytes written to a new file and closed, as many tasks write their
+    # results; then removed (unlinks of files with data).
+    outputs = [os.path.join(d, f"o{i}") for i in range(n // SAVES_PER)]
+    t7 = time.perf_counter()
+    for p in outputs:
+        fd = os.open(p, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644)
+        os.write(fd, b"y" * 100)
+        os.close(fd)
+    t8 = time.perf_counter()
+    for p in outputs:
+        os.unlink(p)
+    t9 = time.perf_counter()
     os.rmdir(d)
-    return (t1 - t0, t2 - t1, t5 - t4, t3 - t2, (t4 - t3) / 2, (t6 - t5) * SAVES_PER)
+    return (
+        t1 - t0,
+        t2 - t1,
+        t5 - t4,
+        t3 - t2,
+        (t4 - t3) / 2,
+        (t6 - t5) * SAVES_PER,
+        (t8 - t7) * SAVES_PER,
+        (t9 - t8) * SAVES_PER,
+    )
 
 
 def meta(directory: str, procs: int) -> dict[str, float]:
@@ -131,6 +152,8 @@ def meta(directory: str, procs: int) -> dict[str, float]:
         "listed/s": total / max(t[3] for t in times),
         "probes/s": total / max(t[4] for t in times),
         "saves/s": total / max(t[5] for t in times),
+        "small writes/s": total / max(t[6] for t in times),
+        "small removes/s": total / max(t[7] for t in times),
     }
 
 
