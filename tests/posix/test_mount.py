@@ -615,6 +615,29 @@ def test_stat_sees_changes_elsewhere_at_once_though_cached_long(d: Path, third: 
     assert (third / "f").read_bytes() == b"replacement"
 
 
+def test_a_listing_hands_out_promised_names_and_changes_elsewhere_still_show(
+    d: Path, third: Path
+) -> None:
+    """`ls -l` on the third mount hands its kernel the names and attributes that came with the
+    listing, for the lease time when the servers promised them; a change on another node
+    still reaches `stat` and the next listing at once (issue 3)."""
+    for name in "abcd":
+        (d / name).write_bytes(b"x" * 10)
+    listed = {e.name: e.stat(follow_symlinks=False).st_size for e in os.scandir(third)}
+    assert listed == {name: 10 for name in "abcd"}
+    os.chmod(d / "a", 0o600)
+    os.unlink(d / "b")
+    with open(d / "c", "ab") as f:
+        f.write(b"more")
+    os.rename(d / "d", d / "e")
+    _soon("chmod", lambda: stat.S_IMODE((third / "a").stat().st_mode) == 0o600)
+    _soon("unlink", lambda: not (third / "b").exists())
+    _soon("a longer file", lambda: (third / "c").stat().st_size == 14)
+    _soon("rename away", lambda: not (third / "d").exists())
+    again = {e.name: e.stat(follow_symlinks=False).st_size for e in os.scandir(third)}
+    assert again == {"a": 10, "c": 14, "e": 10}
+
+
 def test_names_appearing_elsewhere_are_seen_though_absence_is_cached(d: Path, third: Path) -> None:
     """The third mount's kernel remembers that a name does not exist, on the servers' promise
     or after its own unlink; a name created on another node reaches it at once (issue 3)."""

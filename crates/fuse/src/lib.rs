@@ -123,6 +123,7 @@ pub fn mount(
         next_fh: AtomicU64::new(1),
         closing: Mutex::default(),
         close_gate: tokio::sync::Mutex::new(()),
+        dir_changes: AtomicU64::new(0),
         inline: AtomicUsize::new(0),
         notifier,
         leases,
@@ -168,14 +169,36 @@ const CHANGED_DIRS_MAX: usize = 4096;
 const PAGES_MAX: usize = 1 << 16;
 /// How long a released handle's close may wait to be sent with others.
 const CLOSE_DELAY: Duration = Duration::from_millis(1);
+/// The most entries one readdirplus answer can carry: 1 MiB (the kernel's largest request)
+/// of entries of at least 152 bytes.
+const LISTED_MAX: usize = (1 << 20) / 152;
 /// How long an unmount waits for the closes still queued.
 const UNMOUNT_CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// A directory's entries as readdir hands them out (name, inode, type), snapshotted at opendir
 /// with the attributes that came with them (placed files), and when.
 struct Listing {
+    dir: u64,
     entries: Vec<(Name, u64, FileType, Option<Inode>)>,
     at: Instant,
+    /// Notices heard before it was asked for (its names and attributes are promised).
+    since: Option<u64>,
+    /// `Fs::dir_changes` before it was asked for: the servers do not tell this mount of its
+    /// own changes.
+    changes: u64,
+}
+
+impl Listing {
+    /// Does entry `i` have its attributes at hand (or need none: `.` and `..`)?
+    fn ready(&self, i: usize, fresh: bool) -> bool {
+        self.entries
+            .get(i)
+            .is_some_and(|(name, _, _, listed)| is_dot(name) || (fresh && listed.is_some()))
+    }
+}
+
+fn is_dot(name: &[u8]) -> bool {
+    name == b"." || name == b".."
 }
 
 /// Released handles whose close is to be sent.
@@ -220,6 +243,8 @@ struct Fs {
     closing: Mutex<Closing>,
     /// Held while a batch of closes is out.
     close_gate: tokio::sync::Mutex<()>,
+    /// Namespace changes made through this mount (`dir_changed`).
+    dir_changes: AtomicU64,
     /// Requests being served on a FUSE worker rather than handed to the runtime.
     inline: AtomicUsize,
     /// Set once the session runs; drops the kernel's cached attributes at open.
@@ -381,6 +406,7 @@ impl Fs {
     }
 
     fn dir_changed(&self, ino: u64, now: Option<Inode>) {
+        self.dir_changes.fetch_add(1, Ordering::SeqCst);
         let mut dirs = self
             .changed_dirs
             .lock()
@@ -473,6 +499,95 @@ impl Fs {
             (Some(leases), Some(since)) => leases.grant(since, keys()),
             _ => None,
         }
+    }
+
+    /// Attributes of a listing's entry `ino` that needs no request: `.` and `..` (the kernel
+    /// takes none from them), or one that came with the listing.
+    fn listed_attr(&self, ino: u64, listed: Option<&Inode>) -> FileAttr {
+        match listed {
+            Some(i) => self.attr(&self.local(i.clone())),
+            None => self.attr(&Inode::new(ino, FileKind::Dir, 0o755, 0, 0, 1, Vec::new())),
+        }
+    }
+
+    /// readdirplus from `start` over the entries whose attributes came with the listing, up to
+    /// the first without: names and attributes leased if the promise holds.
+    fn reply_listed(&self, list: &Listing, start: usize, mut reply: ReplyDirectoryPlus) {
+        let run = &list.entries[start..];
+        let run = &run[..(0..run.len())
+            .find(|&k| !list.ready(start + k, true))
+            .unwrap_or(run.len())
+            .min(LISTED_MAX)];
+        let keys = || {
+            run.iter()
+                .filter(|e| !is_dot(&e.0))
+                .flat_map(|(name, ino, _, _)| [Key::Entry(list.dir, name.clone()), Key::Attr(*ino)])
+                .collect()
+        };
+        let gate = self.grant(list.since, keys);
+        let ttl = if gate.is_some() {
+            &self.opts.lease
+        } else {
+            &self.opts.attr_ttl
+        };
+        for (k, (name, ino, _, listed)) in run.iter().enumerate() {
+            let attr = self.listed_attr(*ino, listed.as_ref());
+            let (off, name) = ((start + k + 1) as u64, OsStr::from_bytes(name));
+            if reply.add(INodeNo(*ino), off, name, ttl, &attr, Generation(0)) {
+                break;
+            }
+        }
+        reply.ok();
+        drop(gate);
+    }
+
+    /// readdirplus from `start`, fetching the attributes that are not at hand in parallel, a
+    /// batch at a time, until the kernel's buffer is full (or, `leasable`, until a run of
+    /// entries `reply_listed` can answer).
+    async fn reply_fetched(
+        &self,
+        list: &Listing,
+        start: usize,
+        fresh: bool,
+        leasable: bool,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        const BATCH: usize = 32;
+        let entries = &list.entries;
+        let mut next = start;
+        while next < entries.len() {
+            let batch = &entries[next..entries.len().min(next + BATCH)];
+            let attrs = futures::future::join_all(batch.iter().enumerate().map(
+                |(k, (_, ino, _, listed))| async move {
+                    if list.ready(next + k, fresh) {
+                        return Some(self.listed_attr(*ino, listed.as_ref()));
+                    }
+                    // An entry deleted since opendir is left out.
+                    let i = self.client.getattr(*ino).await.ok()?;
+                    Some(self.attr(&self.local(i)))
+                },
+            ))
+            .await;
+            for (k, ((name, ino, _, _), attr)) in batch.iter().zip(attrs).enumerate() {
+                let Some(attr) = attr else { continue };
+                let (off, name) = ((next + k + 1) as u64, OsStr::from_bytes(name));
+                if reply.add(
+                    INodeNo(*ino),
+                    off,
+                    name,
+                    &self.opts.attr_ttl,
+                    &attr,
+                    Generation(0),
+                ) {
+                    return reply.ok();
+                }
+            }
+            next += batch.len();
+            if leasable && list.ready(next, fresh) {
+                break;
+            }
+        }
+        reply.ok();
     }
 
     /// Hands the kernel an answer about `keys`, asked for at `since`, with the time it may
@@ -1211,6 +1326,7 @@ impl Filesystem for TesseraFs {
         self.spawn(move |fs| async move {
             let r = async {
                 let dir = fs.client.getattr(ino.0).await?;
+                let (since, changes) = (fs.since(), fs.dir_changes.load(Ordering::SeqCst));
                 let entries = fs.client.readdir_all(ino.0).await?;
                 let mut list = Vec::with_capacity(entries.len() + 2);
                 list.push((b".".to_vec(), dir.ino, FileType::Directory, None));
@@ -1221,8 +1337,11 @@ impl Filesystem for TesseraFs {
                         .map(|(n, e, inode)| (n, e.ino, file_type(e.kind), inode)),
                 );
                 let list = Listing {
+                    dir: ino.0,
                     entries: list,
                     at: Instant::now(),
+                    since,
+                    changes,
                 };
                 Ok::<_, Error>(list)
             }
@@ -1261,59 +1380,33 @@ impl Filesystem for TesseraFs {
     }
 
     /// readdir with each entry's attributes (asked for when attributes are cached): `ls -l`
-    /// and `find` then need no lookup per entry. Attributes are fetched in parallel, a batch at
-    /// a time, until the kernel's buffer is full.
+    /// and `find` then need no lookup per entry. Attributes that came with the listing
+    /// (placed files) serve while they are as young as the kernel may keep them, or while the
+    /// servers' promise on them holds (no notice, and no change made here, since the
+    /// listing): a run of such entries is then answered leased (`Fs::reply_listed`). Others
+    /// are fetched in parallel, a batch at a time (`Fs::reply_fetched`).
     fn readdirplus(
         &self,
         _req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectoryPlus,
+        reply: ReplyDirectoryPlus,
     ) {
-        const BATCH: usize = 32;
         let Some(list) = self.0.listing(fh) else {
             return reply.error(Errno::EBADF);
         };
+        let fs = &self.0;
+        let unchanged = list.changes == fs.dir_changes.load(Ordering::SeqCst);
+        let leasable = unchanged && list.since.is_some() && list.since == fs.since();
+        let fresh = leasable || list.at.elapsed() < fs.opts.attr_ttl;
+        let start = (offset as usize).min(list.entries.len());
         self.spawn(move |fs| async move {
-            let ttl = fs.opts.attr_ttl;
-            // Attributes that came with the listing serve while they are as young as the
-            // kernel may keep them; older ones are asked for again.
-            let fresh = list.at.elapsed() < ttl;
-            let list = &list.entries;
-            let mut next = offset as usize;
-            while next < list.len() {
-                let batch = &list[next..list.len().min(next + BATCH)];
-                let attrs =
-                    futures::future::join_all(batch.iter().map(|(name, ino, _, listed)| {
-                        let fs = &fs;
-                        async move {
-                            if name == b"." || name == b".." {
-                                // The kernel takes no attributes from these two.
-                                let dir =
-                                    Inode::new(*ino, FileKind::Dir, 0o755, 0, 0, 1, Vec::new());
-                                return Some(fs.attr(&dir));
-                            }
-                            if let Some(i) = listed.as_ref().filter(|_| fresh) {
-                                return Some(fs.attr(&fs.local(i.clone())));
-                            }
-                            // An entry deleted since opendir is left out.
-                            let i = fs.client.getattr(*ino).await.ok()?;
-                            Some(fs.attr(&fs.local(i)))
-                        }
-                    }))
-                    .await;
-                for (k, ((name, ino, _, _), attr)) in batch.iter().zip(attrs).enumerate() {
-                    let Some(attr) = attr else { continue };
-                    let off = (next + k + 1) as u64;
-                    let name = OsStr::from_bytes(name);
-                    if reply.add(INodeNo(*ino), off, name, &ttl, &attr, Generation(0)) {
-                        return reply.ok();
-                    }
-                }
-                next += batch.len();
+            if leasable && list.ready(start, fresh) {
+                fs.reply_listed(&list, start, reply);
+            } else {
+                fs.reply_fetched(&list, start, fresh, leasable, reply).await;
             }
-            reply.ok();
         });
     }
 

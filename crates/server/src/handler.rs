@@ -441,7 +441,10 @@ impl NodeHandler {
         payload: Bytes,
     ) -> Answer {
         let change = is_meta_change(&op);
-        let read = matches!(op, Op::InodeGet { .. } | Op::DirLookup { .. });
+        let read = matches!(
+            op,
+            Op::InodeGet { .. } | Op::DirLookup { .. } | Op::DirList { .. }
+        );
         let locked = if change || (read && from.is_some()) {
             self.watches.lock(p)
         } else {
