@@ -723,13 +723,19 @@ impl Fs {
     /// pages would only cost a copy on the writer's path. Read-write handles keep it: direct,
     /// fio's 1 MiB writes ran up to 2x faster, but reading back through the handle (temporary
     /// files, HDF5, SQLite) 8-30x slower (BENCHMARKS.md).
+    ///
+    /// A read-only handle has nothing to publish at close: the kernel need not send FLUSH.
     fn open_flags(&self, flags: i32) -> FopenFlags {
-        let write_only = flags & libc::O_ACCMODE == libc::O_WRONLY && !self.opts.writeback_cache;
+        let access = flags & libc::O_ACCMODE;
+        let write_only = access == libc::O_WRONLY && !self.opts.writeback_cache;
+        let mut out = FopenFlags::empty();
         if self.opts.direct_io || write_only {
-            FopenFlags::FOPEN_DIRECT_IO
-        } else {
-            FopenFlags::empty()
+            out |= FopenFlags::FOPEN_DIRECT_IO;
         }
+        if access == libc::O_RDONLY {
+            out |= FopenFlags::FOPEN_NOFLUSH;
+        }
+        out
     }
 
     fn pages(&self) -> std::sync::MutexGuard<'_, HashMap<u64, u64>> {
