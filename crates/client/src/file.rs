@@ -42,8 +42,25 @@ struct Inflight {
 struct ReadAhead {
     /// Where the next read starts if the pattern is sequential.
     next: u64,
-    /// Whole stripes being fetched ahead of the reader.
-    stripes: BTreeMap<u64, Vec<ReadPart>>,
+    /// Whole stripes fetched ahead of the reader, and the rest of a stripe a read took only
+    /// part of (reads smaller than a stripe, or not aligned to one, take it piece by piece).
+    stripes: BTreeMap<u64, Vec<Fetched>>,
+}
+
+/// One part of a stripe read: its answer still to come, or come.
+enum Fetched {
+    Pending(Box<ReadPart>),
+    Done { offset: u32, len: u32, data: Bytes },
+}
+
+impl Fetched {
+    /// The bytes of the stripe asked for: `offset..offset + len`.
+    fn span(&self) -> (u32, u32) {
+        match self {
+            Fetched::Pending(p) => (p.offset, p.len),
+            Fetched::Done { offset, len, .. } => (*offset, *len),
+        }
+    }
 }
 
 /// Memory for read answers, supplied by the caller: a stripe read from one replica is received
@@ -383,6 +400,12 @@ impl File {
         for seg in &segs {
             let parts = match self.ahead.stripes.remove(&seg.stripe) {
                 Some(parts) => parts,
+                // A sequential reader's next read starts where this one ends: it gets the
+                // rest of the stripe too.
+                None if sequential && self.client.opts.readahead > 0 => {
+                    let len = self.stripe_len(seg.stripe) - seg.offset;
+                    self.fetch(seg.stripe, seg.offset, len).await?
+                }
                 None => self.fetch(seg.stripe, seg.offset, seg.len).await?,
             };
             fetches.push(parts);
@@ -395,18 +418,24 @@ impl File {
                     continue;
                 }
                 // A lost partition ahead is the reader's error only if it gets there.
-                // The last stripe only up to the end of the file: an answer of the asked
-                // length fills its sink exactly.
-                let len = (self.size - s * self.stripe).min(self.stripe) as u32;
-                if let Ok(mut parts) = self.fetch(s, 0, len).await {
-                    parts.iter_mut().for_each(ReadPart::detach);
+                if let Ok(mut parts) = self.fetch(s, 0, self.stripe_len(s)).await {
+                    for part in &mut parts {
+                        if let Fetched::Pending(p) = part {
+                            p.detach();
+                        }
+                    }
                     self.ahead.stripes.insert(s, parts);
                 }
             }
         }
         let mut out: Option<BytesMut> = None;
-        for (seg, parts) in segs.iter().zip(fetches) {
-            let mut got = self.finish_fetch(seg, parts).await?;
+        for (seg, mut parts) in segs.iter().zip(fetches) {
+            let mut got = self.finish_fetch(seg, &mut parts).await?;
+            // What the stripe holds past this read stays for the next one.
+            let end = seg.offset + seg.len;
+            if parts.iter().any(|p| p.span().0 + p.span().1 > end) {
+                self.ahead.stripes.insert(seg.stripe, parts);
+            }
             if segs.len() == 1 && got.len() == 1 && got[0].0 == 0 && got[0].1.len() == len {
                 return Ok(got.swap_remove(0).1); // the common aligned case: no copy
             }
@@ -420,12 +449,23 @@ impl File {
         Ok(out.map(BytesMut::freeze).unwrap_or_default())
     }
 
+    /// The bytes of stripe `s` below the end of the file: a read of the last stripe asks
+    /// only for those, so an answer of the asked length fills its sink exactly.
+    fn stripe_len(&self, s: u64) -> u32 {
+        (self.size.saturating_sub(s * self.stripe)).min(self.stripe) as u32
+    }
+
     /// Sends the read of bytes `offset..offset + len` of a stripe (in one or two parts).
-    async fn fetch(&self, stripe: u64, offset: u32, len: u32) -> Result<Vec<ReadPart>> {
-        self.client
+    async fn fetch(&self, stripe: u64, offset: u32, len: u32) -> Result<Vec<Fetched>> {
+        let parts = self
+            .client
             .router
             .send_read(self.ino, stripe, offset, len, self.sinks.as_deref())
-            .await
+            .await?;
+        Ok(parts
+            .into_iter()
+            .map(|p| Fetched::Pending(Box::new(p)))
+            .collect())
     }
 
     /// Receive read answers into memory from `sinks` from now on.
@@ -435,21 +475,34 @@ impl File {
 
     /// The bytes of `seg` from `parts`, fetched reads covering it (a read ahead covers the
     /// whole stripe, up to the end of the file): slices of the answers, each with where it
-    /// starts in `seg`, in order. A part that failed is read again from another replica;
-    /// parts outside `seg` are not waited for.
+    /// starts in `seg`, in order. The parts overlapping `seg` are waited for (a failed one is
+    /// read again from another replica) and kept as answered; the others are not waited for.
     async fn finish_fetch(
         &self,
         seg: &Segment,
-        parts: Vec<ReadPart>,
+        parts: &mut [Fetched],
     ) -> Result<Vec<(usize, Bytes)>> {
         let (start, end) = (seg.offset, seg.offset + seg.len);
         let mut got = Vec::with_capacity(parts.len());
-        for part in parts {
-            if part.offset >= end || part.offset + part.len <= start {
+        for part in parts.iter_mut() {
+            let (base, len) = part.span();
+            if base >= end || base + len <= start {
                 continue;
             }
-            let base = part.offset;
-            let data = self.client.router.finish_read(part).await?;
+            let placeholder = Fetched::Done {
+                offset: base,
+                len,
+                data: Bytes::new(),
+            };
+            let data = match std::mem::replace(part, placeholder) {
+                Fetched::Pending(p) => self.client.router.finish_read(*p).await?,
+                Fetched::Done { data, .. } => data,
+            };
+            *part = Fetched::Done {
+                offset: base,
+                len,
+                data: data.clone(),
+            };
             // The answer may be short (a hole at the stripe's end): keep what lies in `seg`.
             let from = start.max(base);
             let to = end.min(base + data.len() as u32);
