@@ -14,7 +14,8 @@
 //!
 //! Reads: a read fetches all its stripe pieces at once, each from the least loaded replica (a
 //! large piece split over two); on a sequential pattern the next `readahead` stripes are
-//! fetched ahead.
+//! fetched ahead, and the rest of a stripe a read took only part of is kept for the next read
+//! (reads smaller than a stripe, or not aligned to one, fetch each stripe once).
 //!
 //! Consistency: the size and mtime of what this handle wrote are published on flush/close,
 //! and attributes are fetched at open: close-to-open consistency, as NFS gives.

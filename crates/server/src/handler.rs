@@ -229,6 +229,7 @@ impl NodeHandler {
             }
         }
         self.lift_fences(|p, at, _| table.changed(p) > at);
+        self.purge.table_changed();
         self.sessions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -4,16 +4,22 @@
 //! over every server, are dropped in the background, in batches. The space comes back a moment
 //! after the answer (docs/SEMANTICS.md).
 //!
-//! Only the primary of the inode's partition queues a file (mirrors apply the same change but
-//! stay quiet). A server that dies with files still queued leaves their stripes behind on the
-//! others until the cluster ends, as a client dying between the two steps did when clients
-//! sent the drops.
+//! Every copy of the inode's partition queues the file (the mirrors apply the same change): the
+//! drop survives the death of the server that answered, at the cost of one more drop request
+//! per copy (batched; drops are idempotent). Without mirrors, a server that dies with files
+//! still queued leaves their stripes behind on the others until the cluster ends.
+//!
+//! A node drops stripes only in the partitions it holds. One receiving a copy of a partition
+//! (a rebuild, a migration) may thus ignore a drop and then get the file's stripes with the
+//! copy's last round; so files dropped in the last [`REDO_WITHIN`] are dropped again after
+//! every new table, when such a copy has become its holder's.
 
 use crate::handler::NodeHandler;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use tessera_placement::{Ino, NodeId};
-use tessera_proto::{ErrorCode, Op, Request, Response};
+use tessera_proto::{ErrorCode, Op, Request, Response, TableInfo};
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
@@ -23,29 +29,71 @@ const BATCH: usize = 1024;
 /// (a dead server is taken out of the table within seconds, which ends the wait sooner).
 const PATIENCE: Duration = Duration::from_secs(30);
 const RETRY: Duration = Duration::from_millis(50);
+/// Files deleted this recently are dropped again after a new table.
+const REDO_WITHIN: Duration = Duration::from_secs(10);
+/// The most files remembered for that.
+const REDO_MAX: usize = 1 << 16;
 
-/// Deleted files, with their sizes, whose stripes are still to be dropped. Unbounded: eight
-/// bytes per file, and drained as fast as the servers answer.
+#[derive(Clone, Copy)]
+struct Deleted {
+    file: Ino,
+    size: u64,
+    at: Instant,
+}
+
+/// Deleted files, with their sizes, whose stripes are still to be dropped (unbounded: drained
+/// as fast as the servers answer), and those dropped lately.
 #[derive(Default)]
 pub struct Queue {
-    files: Mutex<Vec<(Ino, u64)>>,
+    files: Mutex<Vec<Deleted>>,
+    recent: Mutex<VecDeque<Deleted>>,
     wake: Notify,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Queue {
     pub fn push(&self, file: Ino, size: u64) {
-        self.files
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((file, size));
+        let at = Instant::now();
+        lock(&self.files).push(Deleted { file, size, at });
         self.wake.notify_one();
     }
 
-    fn take(&self) -> Vec<(Ino, u64)> {
-        let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
+    /// A new table is installed: drop the files deleted lately once more.
+    pub fn table_changed(&self) {
+        let again: Vec<Deleted> = {
+            let mut recent = lock(&self.recent);
+            Self::trim(&mut recent);
+            recent.drain(..).collect()
+        };
+        if !again.is_empty() {
+            lock(&self.files).extend(again);
+            self.wake.notify_one();
+        }
+    }
+
+    fn trim(recent: &mut VecDeque<Deleted>) {
+        while recent
+            .front()
+            .is_some_and(|d| recent.len() > REDO_MAX || d.at.elapsed() > REDO_WITHIN)
+        {
+            recent.pop_front();
+        }
+    }
+
+    fn take(&self) -> Vec<Deleted> {
+        let mut files = lock(&self.files);
         let first = files.len().min(BATCH);
         let rest = files.split_off(first);
         std::mem::replace(&mut *files, rest)
+    }
+
+    fn dropped(&self, batch: Vec<Deleted>) {
+        let mut recent = lock(&self.recent);
+        recent.extend(batch);
+        Self::trim(&mut recent);
     }
 }
 
@@ -54,18 +102,22 @@ pub async fn run(h: Arc<NodeHandler>) {
     loop {
         h.purge.wake.notified().await;
         loop {
-            let files = h.purge.take();
-            if files.is_empty() {
+            let batch = h.purge.take();
+            if batch.is_empty() {
                 break;
             }
             let Some(t) = h.table() else { continue };
+            let files: Vec<(Ino, u64)> = batch.iter().map(|d| (d.file, d.size)).collect();
             let nodes = t.info.table.nodes();
             futures::future::join_all(nodes.into_iter().map(|n| drop_at(&h, n, &files))).await;
+            h.purge.dropped(batch);
         }
     }
 }
 
-/// Drops `files` on node `n`: done when it answered, or left the table.
+/// Drops `files` on node `n`: done when it answered, or left the table. A partition fenced
+/// for the last round of a copy refuses for a moment (`NotReady`): tried again, as a node not
+/// reachable yet.
 async fn drop_at(h: &NodeHandler, n: NodeId, files: &[(Ino, u64)]) {
     let deadline = Instant::now() + PATIENCE;
     loop {
@@ -73,51 +125,62 @@ async fn drop_at(h: &NodeHandler, n: NodeId, files: &[(Ino, u64)]) {
         if !t.info.table.nodes().contains(&n) {
             return;
         }
-        if n == h.node() {
-            if let Err(e) = h.store.drop_files(t.held(), files) {
-                warn!("dropping deleted files' stripes here: {e}");
-            }
-            return;
-        }
-        let req = Request::Op {
-            epoch: t.info.table.epoch(),
-            op: Op::DropFiles {
-                files: files.to_vec(),
-            },
-        };
-        let addr = t.info.nodes.iter().find(|a| a.id == n).map(|a| a.addr);
-        let outcome = match addr {
-            Some(addr) => match h.peers.get(addr).await {
-                Ok(c) => c
-                    .call(&req, bytes::Bytes::new())
-                    .await
-                    .map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            },
-            None => Err(format!("node {n} has no address in the table")),
+        let outcome = if n == h.node() {
+            h.store.drop_files(t.held(), files).map(|()| Response::Ok)
+        } else {
+            ask(h, &t.info, n, files).await
         };
         match outcome {
-            Ok((Response::Error(ErrorCode::StaleEpoch { .. } | ErrorCode::NotReady(_)), _)) => {
-                h.want_refresh();
-            }
-            Ok((Response::Error(e), _)) => {
+            Ok(_) => return,
+            Err(ErrorCode::StaleEpoch { .. } | ErrorCode::NotReady(_)) => {}
+            Err(e) => {
                 warn!(node = n, "a node refused to drop deleted files: {e}");
                 return;
-            }
-            Ok(_) => return,
-            Err(e) => {
-                debug!(node = n, "dropping deleted files failed, retrying: {e}");
-                h.want_refresh();
             }
         }
         if Instant::now() > deadline {
             warn!(
                 node = n,
                 files = files.len(),
-                "gave up dropping deleted files' stripes: node unreachable for {PATIENCE:?}"
+                "gave up dropping deleted files' stripes after {PATIENCE:?}"
             );
             return;
         }
+        h.want_refresh();
         tokio::time::sleep(RETRY).await;
+    }
+}
+
+/// Sends `files` to node `n` to drop; its error, or `NotReady` if it did not answer.
+async fn ask(
+    h: &NodeHandler,
+    info: &TableInfo,
+    n: NodeId,
+    files: &[(Ino, u64)],
+) -> Result<Response, ErrorCode> {
+    let req = Request::Op {
+        epoch: info.table.epoch(),
+        op: Op::DropFiles {
+            files: files.to_vec(),
+        },
+    };
+    let addr = info.nodes.iter().find(|a| a.id == n).map(|a| a.addr);
+    let answer = match addr {
+        Some(addr) => match h.peers.get(addr).await {
+            Ok(c) => c
+                .call(&req, bytes::Bytes::new())
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        },
+        None => Err(format!("node {n} has no address in the table")),
+    };
+    match answer {
+        Ok((Response::Error(e), _)) => Err(e),
+        Ok((r, _)) => Ok(r),
+        Err(e) => {
+            debug!(node = n, "dropping deleted files failed, retrying: {e}");
+            Err(ErrorCode::NotReady(format!("node {n} did not answer: {e}")))
+        }
     }
 }

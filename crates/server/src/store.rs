@@ -483,9 +483,12 @@ impl Store {
     }
 
     /// Deletes the stripes of deleted files, each of the given size, in the partitions of
-    /// `held` (sorted) their stripes hash to.
+    /// `held` (sorted) their stripes hash to. A partition that refuses (fenced) does not stop
+    /// the others; the first refusal is returned, for the caller to try again (drops are
+    /// idempotent).
     pub fn drop_files(&self, held: &[PartitionId], files: &[(Ino, u64)]) -> R<()> {
         let n = self.partitions.len() as u32;
+        let mut refused = Ok(());
         for &(file, size) in files {
             let stripes = size.div_ceil(u64::from(self.stripe_size));
             // A file with a stripe for every partition is not worth hashing stripe by stripe.
@@ -500,9 +503,13 @@ impl Store {
                 parts.dedup();
                 parts
             };
-            self.truncate(parts.into_iter(), file, 0)?;
+            for p in parts {
+                if let Err(e) = self.truncate(std::iter::once(p), file, 0) {
+                    refused = refused.and(Err(e));
+                }
+            }
         }
-        Ok(())
+        refused
     }
 
     // ---- inodes ----
@@ -1176,6 +1183,19 @@ mod tests {
         let others: Vec<PartitionId> = (0..4).filter(|&q| q != p).collect();
         s.drop_files(&others, &[(7, 1)]).unwrap();
         assert_eq!(s.stripe_count(), 1);
+        // A partition fenced for a copy's last round refuses, without stopping the others;
+        // the drop is tried again once the fence is lifted.
+        put(8, 0);
+        s.fence(p, true).unwrap();
+        assert!(matches!(
+            s.drop_files(&held, &[(7, 1), (8, 1)]),
+            Err(ErrorCode::NotReady(_))
+        ));
+        let q = stripe_partition(8, 0, 4);
+        assert_eq!(s.stripe_count(), if q == p { 2 } else { 1 });
+        s.fence(p, false).unwrap();
+        s.drop_files(&held, &[(7, 1), (8, 1)]).unwrap();
+        assert_eq!(s.stripe_count(), 0);
     }
 
     #[test]
