@@ -213,7 +213,63 @@ pub fn assign(
             );
         }
     }
+    // A failure domain may still hold more copies than its nodes' shares add up to, every
+    // partition of its over-full node already having a copy in the domain short of copies: a
+    // copy of another node of the full domain crosses over, and that node then takes one of
+    // the over-full node's copies (a hand-over within the domain).
+    let excess = |count: &BTreeMap<NodeId, i64>| -> i64 {
+        count.iter().map(|(n, c)| (c - target[n]).max(0)).sum()
+    };
+    let mut left = excess(&count);
+    while left > 0 && cross_domain(&mut out, &target, &mut count, &domains) {
+        for list in &mut out {
+            hand_over(list, None, true, &target, &mut count, &domains);
+        }
+        let now = excess(&count);
+        if now >= left {
+            break;
+        }
+        left = now;
+    }
     Ok(out)
+}
+
+/// Moves one copy from a domain holding a node above its target to a node below its target
+/// in another domain, in a partition with no copy in that domain. False if there is none.
+fn cross_domain(
+    out: &mut [Vec<NodeId>],
+    target: &BTreeMap<NodeId, i64>,
+    count: &mut BTreeMap<NodeId, i64>,
+    domains: &Domains,
+) -> bool {
+    let over = |n: &NodeId| count[n] > target[n];
+    let full: BTreeSet<u32> = count
+        .keys()
+        .filter(|n| over(n))
+        .filter_map(|n| domains.0.get(n).copied())
+        .collect();
+    let under: Vec<NodeId> = count
+        .keys()
+        .copied()
+        .filter(|n| count[n] < target[n] && domains.0.get(n).is_none_or(|d| !full.contains(d)))
+        .collect();
+    for u in under {
+        for list in out.iter_mut() {
+            if list.contains(&u) || domains.clash(list, u, None) {
+                continue;
+            }
+            let from = list
+                .iter()
+                .position(|m| domains.0.get(m).is_some_and(|d| full.contains(d)));
+            if let Some(slot) = from {
+                *count.get_mut(&list[slot]).expect("a listed node") -= 1;
+                *count.get_mut(&u).expect("a counted node") += 1;
+                list[slot] = u;
+                return true;
+            }
+        }
+    }
+    false
 }
 
 fn tie(partition: usize, node: NodeId) -> u64 {
@@ -318,6 +374,31 @@ mod tests {
             },
         ];
         assert_eq!(assign(None, &dup, 8, 1), Err(AssignError::DuplicateNode(1)));
+    }
+
+    /// Found by `copies_spread_over_failure_domains`: after a join, one domain held more
+    /// copies than its nodes' shares, and every partition of its over-full node already had a
+    /// copy in the domain short of copies (min 3, max 6 before `cross_domain`).
+    #[test]
+    fn a_domain_over_its_share_gives_copies_to_another() {
+        let (d, p, r) = (4, 25, 3);
+        let nodes = |n: u32| {
+            (1..=n)
+                .map(|node| NodeWeight {
+                    node,
+                    capacity: 1 << 30,
+                    domain: Some(node % d),
+                })
+                .collect::<Vec<_>>()
+        };
+        let before = assign(None, &nodes(12), p, r).unwrap();
+        let after = assign(Some(&before), &nodes(16), p, r).unwrap();
+        for list in &after {
+            let ds: BTreeSet<_> = list.iter().map(|n| n % d).collect();
+            assert_eq!(ds.len(), list.len(), "{list:?}");
+        }
+        let (min, max) = spread(&after);
+        assert!(max - min <= 2, "min {min} max {max}");
     }
 
     #[test]
