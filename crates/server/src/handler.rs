@@ -51,14 +51,6 @@ impl Installed {
     }
 }
 
-/// Which copy of a partition applies a change: only the primary acts on what it implies beyond
-/// the partition (dropping a deleted file's stripes everywhere).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Role {
-    Primary,
-    Mirror,
-}
-
 /// One node's pull of one partition, as the primary sees it: the last snapshot sent and the
 /// round being paged through.
 struct Session {
@@ -393,7 +385,7 @@ impl NodeHandler {
             let h = self.clone();
             return Reply::Later(Box::pin(async move {
                 tokio::time::sleep(h.fault_delay).await;
-                h.apply(&t.held, p, op, payload, Role::Primary)
+                h.apply(&t.held, p, op, payload)
             }));
         }
         now(self.apply_promised(from, &t.held, p, op, payload))
@@ -452,10 +444,10 @@ impl NodeHandler {
             None
         };
         let Some(mut locked) = locked else {
-            return self.apply(held, p, op, payload, Role::Primary);
+            return self.apply(held, p, op, payload);
         };
         let asked = op.clone();
-        let answer = self.apply(held, p, op, payload, Role::Primary);
+        let answer = self.apply(held, p, op, payload);
         if change {
             let origin_too = watch::origin_told(&asked);
             locked.r#break(from, origin_too, watch::broken(&asked, &answer.0));
@@ -553,21 +545,15 @@ impl NodeHandler {
         {
             return err(stale(table.epoch()));
         }
-        self.apply(&t.held, p, op, Bytes::new(), Role::Mirror)
+        self.apply(&t.held, p, op, Bytes::new())
     }
 
-    fn apply(
-        &self,
-        held: &[PartitionId],
-        p: PartitionId,
-        op: Op,
-        payload: Bytes,
-        role: Role,
-    ) -> Answer {
+    fn apply(&self, held: &[PartitionId], p: PartitionId, op: Op, payload: Bytes) -> Answer {
         let s = &self.store;
-        // A deleted file's stripes are the primary's to drop, once the answer is made.
+        // A deleted file's stripes are dropped in the background by every copy of its inode's
+        // partition: the drop outlives the server that answered.
         let links = |ino: Ino, (nlink, data): Links| {
-            if let (Some(size), Role::Primary) = (data, role) {
+            if let Some(size) = data {
                 self.purge.push(ino, size);
             }
             nlink
