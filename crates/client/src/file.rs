@@ -14,8 +14,9 @@
 //!
 //! Reads: a read fetches all its stripe pieces at once, each from the least loaded replica (a
 //! large piece split over two); on a sequential pattern the next `readahead` stripes are
-//! fetched ahead, and the rest of a stripe a read took only part of is kept for the next read
-//! (reads smaller than a stripe, or not aligned to one, fetch each stripe once).
+//! fetched ahead, and the rest of a stripe read ahead that a read took only part of is kept for
+//! the next read (reads smaller than a stripe, or not aligned to one, fetch each stripe ahead
+//! once).
 //!
 //! Consistency: the size and mtime of what this handle wrote are published on flush/close,
 //! and attributes are fetched at open: close-to-open consistency, as NFS gives.
@@ -383,6 +384,11 @@ impl File {
         }
     }
 
+    /// Forgets what was read ahead: another handle changed the file.
+    pub fn drop_read_ahead(&mut self) {
+        self.ahead.stripes.clear();
+    }
+
     /// Reads up to `len` bytes at `offset`; shorter only at the end of the file.
     pub async fn read_at(&mut self, offset: u64, len: usize) -> Result<Bytes> {
         self.check(false)?;
@@ -401,12 +407,6 @@ impl File {
         for seg in &segs {
             let parts = match self.ahead.stripes.remove(&seg.stripe) {
                 Some(parts) => parts,
-                // A sequential reader's next read starts where this one ends: it gets the
-                // rest of the stripe too.
-                None if sequential && self.client.opts.readahead > 0 => {
-                    let len = self.stripe_len(seg.stripe) - seg.offset;
-                    self.fetch(seg.stripe, seg.offset, len).await?
-                }
                 None => self.fetch(seg.stripe, seg.offset, seg.len).await?,
             };
             fetches.push(parts);

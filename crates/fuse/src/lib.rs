@@ -37,7 +37,7 @@ use std::ffi::OsStr;
 use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 use tessera_client::{
@@ -217,6 +217,8 @@ struct OpenFile {
     /// The size this handle's writes made, until they are published (0 when there are none):
     /// `stat` by path on this mount must see it, as POSIX wants, before the close.
     unpublished: AtomicU64,
+    /// Another handle of this mount changed the file: what this one read ahead may be old.
+    stale: AtomicBool,
 }
 
 struct TesseraFs(Arc<Fs>);
@@ -462,6 +464,16 @@ impl Fs {
         files.values().any(|f| f.ino == ino)
     }
 
+    /// Handle `by` changed the bytes of `ino` (it dropped its own read-ahead): the other handles
+    /// of this mount drop theirs before their next read. The kernel writes a mapping's pages
+    /// back through any handle of the file, even one whose descriptor was closed.
+    fn bytes_changed(&self, ino: u64, by: FileHandle) {
+        let files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
+        for (_, f) in files.iter().filter(|(k, f)| **k != by.0 && f.ino == ino) {
+            f.stale.store(true, Ordering::Release);
+        }
+    }
+
     /// A truncate sets the size, whatever open handles wrote before it.
     fn forget_unpublished(&self, ino: u64) {
         let files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
@@ -674,6 +686,7 @@ impl Fs {
             sync: flags & (libc::O_SYNC | libc::O_DSYNC) != 0,
             direct: self.open_flags(flags).contains(FopenFlags::FOPEN_DIRECT_IO),
             unpublished: AtomicU64::new(0),
+            stale: AtomicBool::new(false),
         };
         self.files
             .lock()
@@ -887,6 +900,7 @@ impl Filesystem for TesseraFs {
                 }
                 if size.is_some() {
                     fs.forget_unpublished(ino.0);
+                    fs.bytes_changed(ino.0, fh.unwrap_or(FileHandle(0)));
                 }
                 fs.client.setattr(ino.0, attr).await
             }
@@ -1155,7 +1169,13 @@ impl Filesystem for TesseraFs {
                 return reply.error(Errno::EBADF);
             };
             fs.publish_others(fh, h.ino).await;
-            let r = h.file.lock().await.read_at(offset, size as usize).await;
+            let r = {
+                let mut f = h.file.lock().await;
+                if h.stale.swap(false, Ordering::AcqRel) {
+                    f.drop_read_ahead();
+                }
+                f.read_at(offset, size as usize).await
+            };
             match r {
                 Ok(data) => reply.data(&data),
                 Err(e) => reply.error(errno(&e)),
@@ -1181,6 +1201,7 @@ impl Filesystem for TesseraFs {
         let r = self.0.here(async {
             let mut f = h.file.lock().await;
             let n = f.write_at(offset, data).await?;
+            self.0.bytes_changed(h.ino, fh);
             if h.sync {
                 let r = f.flush().await;
                 self.0.settle(&mut f);
@@ -1320,6 +1341,7 @@ impl Filesystem for TesseraFs {
                     let r = f.set_len(end).await;
                     fs.settle(&mut f);
                     r?;
+                    fs.bytes_changed(h.ino, fh);
                 }
                 Ok(())
             }
