@@ -55,6 +55,21 @@ enum Fetched {
     Done { offset: u32, len: u32, data: Bytes },
 }
 
+/// Do the ranges `parts` asked for cover all of `seg`? What they do not cover would read as a
+/// hole.
+fn covers(parts: &[Fetched], seg: &Segment) -> bool {
+    let mut spans: Vec<(u32, u32)> = parts.iter().map(Fetched::span).collect();
+    spans.sort_unstable();
+    let mut to = seg.offset;
+    for (offset, len) in spans {
+        if offset > to {
+            break;
+        }
+        to = to.max(offset + len);
+    }
+    to >= seg.offset + seg.len
+}
+
 impl Fetched {
     /// The bytes of the stripe asked for: `offset..offset + len`.
     fn span(&self) -> (u32, u32) {
@@ -406,8 +421,8 @@ impl File {
         let mut fetches = Vec::with_capacity(segs.len());
         for seg in &segs {
             let parts = match self.ahead.stripes.remove(&seg.stripe) {
-                Some(parts) => parts,
-                None => self.fetch(seg.stripe, seg.offset, seg.len).await?,
+                Some(parts) if covers(&parts, seg) => parts,
+                _ => self.fetch(seg.stripe, seg.offset, seg.len).await?,
             };
             fetches.push(parts);
         }

@@ -490,15 +490,7 @@ impl NodeHandler {
             if table.primary(p) != Some(self.node) {
                 return Err(stale(table.epoch()));
             }
-            let addr = t.info.nodes.iter().find(|n| n.id == m).map(|n| n.addr);
-            let outcome = match addr {
-                Some(addr) => match self.peers.get(addr).await {
-                    Ok(c) => c.call(&req, Bytes::new()).await.map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
-                },
-                None => Err(format!("node {m} has no address in the table")),
-            };
-            match outcome {
+            match self.call_node(&t.info, m, &req).await {
                 Ok((Response::Error(ErrorCode::StaleEpoch { current }), _))
                     if current > table.epoch() =>
                 {
@@ -523,6 +515,25 @@ impl NodeHandler {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Sends `req` to node `n` of table `info`: its answer, or why none came.
+    pub(crate) async fn call_node(
+        &self,
+        info: &TableInfo,
+        n: NodeId,
+        req: &Request,
+    ) -> Result<(Response, Bytes), String> {
+        let addr = info
+            .nodes
+            .iter()
+            .find(|a| a.id == n)
+            .map(|a| a.addr)
+            .ok_or_else(|| format!("node {n} has no address in the table"))?;
+        let conn = self.peers.get(addr).await.map_err(|e| e.to_string())?;
+        conn.call(req, Bytes::new())
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// A change forwarded by the primary of its partition.

@@ -126,12 +126,12 @@ async fn drop_at(h: &NodeHandler, n: NodeId, files: &[(Ino, u64)]) {
             return;
         }
         let outcome = if n == h.node() {
-            h.store.drop_files(t.held(), files).map(|()| Response::Ok)
+            h.store.drop_files(t.held(), files)
         } else {
             ask(h, &t.info, n, files).await
         };
         match outcome {
-            Ok(_) => return,
+            Ok(()) => return,
             Err(ErrorCode::StaleEpoch { .. } | ErrorCode::NotReady(_)) => {}
             Err(e) => {
                 warn!(node = n, "a node refused to drop deleted files: {e}");
@@ -157,27 +157,16 @@ async fn ask(
     info: &TableInfo,
     n: NodeId,
     files: &[(Ino, u64)],
-) -> Result<Response, ErrorCode> {
+) -> Result<(), ErrorCode> {
     let req = Request::Op {
         epoch: info.table.epoch(),
         op: Op::DropFiles {
             files: files.to_vec(),
         },
     };
-    let addr = info.nodes.iter().find(|a| a.id == n).map(|a| a.addr);
-    let answer = match addr {
-        Some(addr) => match h.peers.get(addr).await {
-            Ok(c) => c
-                .call(&req, bytes::Bytes::new())
-                .await
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        },
-        None => Err(format!("node {n} has no address in the table")),
-    };
-    match answer {
+    match h.call_node(info, n, &req).await {
         Ok((Response::Error(e), _)) => Err(e),
-        Ok((r, _)) => Ok(r),
+        Ok(_) => Ok(()),
         Err(e) => {
             debug!(node = n, "dropping deleted files failed, retrying: {e}");
             Err(ErrorCode::NotReady(format!("node {n} did not answer: {e}")))
