@@ -47,7 +47,9 @@ use tessera_client::{
 use tokio::runtime::Handle;
 
 mod complete;
+mod handles;
 mod leases;
+use handles::Handles;
 use leases::{Key, Leases};
 
 /// How to mount.
@@ -227,7 +229,7 @@ struct Fs {
     client: Client,
     rt: Handle,
     opts: MountOptions,
-    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    files: Mutex<Handles<OpenFile>>,
     /// Open directories: a snapshot of the entries (with `.` and `..`) taken at opendir.
     dirs: Mutex<HashMap<u64, Arc<Listing>>>,
     /// Directories as the server returned them after a create in them through this mount,
@@ -314,13 +316,6 @@ fn set_time(t: Option<TimeOrNow>) -> Option<Timespec> {
     })
 }
 
-fn by_handle<V: Clone>(map: &Mutex<HashMap<u64, V>>, fh: FileHandle) -> Option<V> {
-    map.lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get(&fh.0)
-        .cloned()
-}
-
 fn name(n: &OsStr) -> Name {
     n.as_bytes().to_vec()
 }
@@ -390,8 +385,7 @@ impl Fs {
 
     /// Attributes with the size that unpublished writes through this mount's handles made.
     fn local(&self, mut i: Inode) -> Inode {
-        let files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
-        for f in files.values().filter(|f| f.ino == i.ino) {
+        for f in self.files().of(i.ino) {
             i.size = i.size.max(f.unpublished.load(Ordering::Relaxed));
         }
         i
@@ -460,24 +454,21 @@ impl Fs {
 
     /// Does a handle of this mount hold `ino` open?
     fn is_open_here(&self, ino: u64) -> bool {
-        let files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
-        files.values().any(|f| f.ino == ino)
+        self.files().of(ino).next().is_some()
     }
 
     /// Handle `by` changed the bytes of `ino` (it dropped its own read-ahead): the other handles
     /// of this mount drop theirs before their next read. The kernel writes a mapping's pages
     /// back through any handle of the file, even one whose descriptor was closed.
     fn bytes_changed(&self, ino: u64, by: FileHandle) {
-        let files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
-        for (_, f) in files.iter().filter(|(k, f)| **k != by.0 && f.ino == ino) {
+        for f in self.files().others(ino, by.0) {
             f.stale.store(true, Ordering::Release);
         }
     }
 
     /// A truncate sets the size, whatever open handles wrote before it.
     fn forget_unpublished(&self, ino: u64) {
-        let files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
-        for f in files.values().filter(|f| f.ino == ino) {
+        for f in self.files().of(ino) {
             f.unpublished.store(0, Ordering::Relaxed);
         }
     }
@@ -666,7 +657,8 @@ impl Fs {
     }
 
     fn listing(&self, fh: FileHandle) -> Option<Arc<Listing>> {
-        by_handle(&self.dirs, fh)
+        let dirs = self.dirs.lock().unwrap_or_else(PoisonError::into_inner);
+        dirs.get(&fh.0).cloned()
     }
 
     /// Files and directories are created for the calling process, not for the mount.
@@ -674,24 +666,26 @@ impl Fs {
         self.client.as_user(req.uid(), req.gid())
     }
 
+    fn files(&self) -> std::sync::MutexGuard<'_, Handles<OpenFile>> {
+        self.files.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn file(&self, fh: FileHandle) -> Option<Arc<OpenFile>> {
-        by_handle(&self.files, fh)
+        self.files().get(fh.0)
     }
 
     fn keep(&self, f: File, flags: i32) -> FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let ino = f.ino();
         let handle = OpenFile {
-            ino: f.ino(),
+            ino,
             file: tokio::sync::Mutex::new(f),
             sync: flags & (libc::O_SYNC | libc::O_DSYNC) != 0,
             direct: self.open_flags(flags).contains(FopenFlags::FOPEN_DIRECT_IO),
             unpublished: AtomicU64::new(0),
             stale: AtomicBool::new(false),
         };
-        self.files
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(fh, Arc::new(handle));
+        self.files().insert(fh, ino, handle);
         FileHandle(fh)
     }
 
@@ -712,14 +706,10 @@ impl Fs {
     /// cache the old bytes in the kernel's pages).
     async fn publish_others(&self, fh: FileHandle, ino: u64) {
         let writers: Vec<Arc<OpenFile>> = self
-            .files
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .filter(|(k, h)| {
-                **k != fh.0 && h.ino == ino && h.unpublished.load(Ordering::Relaxed) > 0
-            })
-            .map(|(_, h)| Arc::clone(h))
+            .files()
+            .others(ino, fh.0)
+            .filter(|h| h.unpublished.load(Ordering::Relaxed) > 0)
+            .cloned()
             .collect();
         for h in writers {
             let mut f = h.file.lock().await;
@@ -1275,13 +1265,7 @@ impl Filesystem for TesseraFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let Some(h) = self
-            .0
-            .files
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&fh.0)
-        else {
+        let Some(h) = self.0.files().remove(fh.0) else {
             return reply.error(Errno::EBADF);
         };
         // close(2) returned at the FLUSH, and the kernel does not wait for this answer.
