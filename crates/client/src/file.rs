@@ -14,9 +14,9 @@
 //!
 //! Reads: a read fetches all its stripe pieces at once, each from the least loaded replica (a
 //! large piece split over two); on a sequential pattern the next `readahead` stripes are
-//! fetched ahead, and the rest of a stripe read ahead that a read took only part of is kept for
-//! the next read (reads smaller than a stripe, or not aligned to one, fetch each stripe ahead
-//! once).
+//! fetched ahead, a sequential read also fetches the rest of its stripe, and what a read took
+//! only part of is kept for the next read (reads smaller than a stripe, or not aligned to one,
+//! fetch each stripe once).
 //!
 //! Consistency: the size and mtime of what this handle wrote are published on flush/close,
 //! and attributes are fetched at open: close-to-open consistency, as NFS gives.
@@ -422,6 +422,12 @@ impl File {
         for seg in &segs {
             let parts = match self.ahead.stripes.remove(&seg.stripe) {
                 Some(parts) if covers(&parts, seg) => parts,
+                // A sequential reader's next read starts where this one ends: it gets the
+                // rest of the stripe too.
+                _ if sequential && self.client.opts.readahead > 0 => {
+                    let len = self.stripe_len(seg.stripe) - seg.offset;
+                    self.fetch(seg.stripe, seg.offset, len).await?
+                }
                 _ => self.fetch(seg.stripe, seg.offset, seg.len).await?,
             };
             fetches.push(parts);
