@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# FUSE benchmark (issue #3), as root: fio, dd and a metadata test on tmpfs, on a pass-through FUSE
-# mount over tmpfs (bindfs -o direct_io: the FUSE ceiling) and on a Tessera mount of a local
-# cluster with 4 servers, in one run; prints a table with Tessera's ratios to both.
+# FUSE benchmark (issue #3), as root: fio, dd and a metadata test on tmpfs, on two pass-through
+# FUSE mounts over tmpfs (bindfs -o direct_io: the FUSE ceiling; bindfs with the page cache, the
+# mode Tessera's mount uses by default) and on a Tessera mount of a local cluster with 4 servers,
+# in one run; prints a table with Tessera's ratios to each.
 # Usage: scripts/bench-fuse.sh [SIZE]   (fio file size, default 4G)
 # Environment: OUT (JSON results, default /tmp/bench-fuse.json), MOUNT_ARGS (extra flags for
 # `tessera mount`, e.g. "--writeback-cache"), PHASES ("io,meta" by default; "meta": the
@@ -17,12 +18,13 @@ fi
 bin=${TESSERA_BIN:-$PWD/target/release/tessera}
 
 . scripts/lib/scratch.sh tessera-bench-fuse
-mkdir -p "$work/tmpfs" "$work/bindfs" "$work/mnt"
-mounts+=("$work/tmpfs" "$work/bindfs" "$work/mnt")
+mkdir -p "$work/tmpfs" "$work/bindfs" "$work/bindfs-cache" "$work/mnt"
+mounts+=("$work/tmpfs" "$work/bindfs" "$work/bindfs-cache" "$work/mnt")
 
 mount -t tmpfs -o size=80% tmpfs "$work/tmpfs"
-mkdir "$work/tmpfs/plain" "$work/tmpfs/under-bindfs"
+mkdir "$work/tmpfs/plain" "$work/tmpfs/under-bindfs" "$work/tmpfs/under-bindfs-cache"
 bindfs -o direct_io "$work/tmpfs/under-bindfs" "$work/bindfs"
+bindfs "$work/tmpfs/under-bindfs-cache" "$work/bindfs-cache"
 "$bin" --manager "127.0.0.1:$(free_port)" up --http "127.0.0.1:$(free_port)" --servers 4 \
   --memory 2GiB > "$work/up.log" 2>&1 &
 pids+=($!)
@@ -34,4 +36,4 @@ wait_mounted "$work/mnt"
 
 echo "fio file $size; $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ); mount flags: ${MOUNT_ARGS:-none}"
 python3 scripts/bench_fuse.py "$size" tmpfs="$work/tmpfs/plain" bindfs="$work/bindfs" \
-  tessera="$work/mnt"
+  bindfs-cache="$work/bindfs-cache" tessera="$work/mnt"
