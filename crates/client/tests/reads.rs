@@ -66,6 +66,29 @@ async fn small_and_unaligned_sequential_reads_fetch_each_stripe_once() {
         assert_eq!(fetched, 6, "stripe pieces fetched by {piece}-byte reads");
     }
 
+    // A stripe kept from a read that started mid-stripe holds only the rest of it: a read
+    // going back before that range fetches its bytes (they once read back as a hole). With a
+    // read-ahead of one stripe, stripe 4 is fetched only from the read at `at + 100` on.
+    let short = Client::connect(ClientOptions {
+        readahead: 1,
+        ..ClientOptions::new(maddr, SECRET)
+    })
+    .await
+    .unwrap();
+    let mut f = short.open("/f", &OpenOptions::read()).await.unwrap();
+    let at = 4 * STRIPE + 5000;
+    for (offset, n) in [
+        (0, 100),
+        (at, 100),
+        (at + 100, 100),
+        (4 * STRIPE + 100, 8000),
+    ] {
+        let got = f.read_at(offset, n).await.unwrap();
+        let want = &data[offset as usize..offset as usize + n];
+        assert_eq!(&got[..], want, "{n}-byte read at {offset}");
+    }
+    f.close().await.unwrap();
+
     // A write through the handle drops what was read ahead: the next read sees it.
     let opts = OpenOptions {
         write: true,
