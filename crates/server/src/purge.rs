@@ -25,6 +25,9 @@ use tracing::{debug, warn};
 
 /// Files per drop request.
 const BATCH: usize = 1024;
+/// How long the deletes of a burst gather before a batch leaves: a loop of unlinks sent its
+/// files one per batch otherwise, a drop request to every node per unlink.
+const GATHER: Duration = Duration::from_millis(5);
 /// How long a server keeps trying to reach another before giving up on its part of a batch
 /// (a dead server is taken out of the table within seconds, which ends the wait sooner).
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -101,6 +104,7 @@ impl Queue {
 pub async fn run(h: Arc<NodeHandler>) {
     loop {
         h.purge.wake.notified().await;
+        tokio::time::sleep(GATHER).await;
         loop {
             let batch = h.purge.take();
             if batch.is_empty() {
