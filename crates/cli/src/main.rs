@@ -427,6 +427,16 @@ fn main() -> std::process::ExitCode {
     // only a hint: without transparent huge pages mimalloc falls back to normal pages.
     unsafe { libmimalloc_sys::mi_option_set(libmimalloc_sys::mi_option_large_os_pages, 1) };
     let cli = Cli::parse();
+    if matches!(
+        cli.cmd,
+        Cmd::Status(_) | Cmd::Ls(_) | Cmd::Stat(_) | Cmd::Cat(_) | Cmd::Report(_)
+    ) {
+        // Commands whose output goes to pipes end quietly when it is closed (`tessera status
+        // | head`), as other Unix tools do, instead of failing to print. The others keep Rust's
+        // ignored SIGPIPE: a peer closing a socket is an error to handle there.
+        // SAFETY: before any thread exists; restores the signal's default action.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let level = match cli.verbose {
         0 => "warn,tessera_server=info,tessera_manager=info",
         1 => "debug",

@@ -1,5 +1,6 @@
 //! The `tessera` command as a user runs it: `up` in the background, then the file commands.
 
+use std::io::Read;
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -126,6 +127,27 @@ fn up_then_stage_data_in_and_out() {
         std::fs::read(back.join("small.txt")).unwrap(),
         b"hello tessera\n"
     );
+
+    // Output closed early, as `| head` does: the command ends without a word.
+    for args in [
+        &["cat", "tessera:/in/tree/d/e/big.bin"][..],
+        &["status", "--partitions"],
+    ] {
+        let mut child = Command::new(TESSERA)
+            .args(args)
+            .env("TESSERA_HOME", home)
+            .env_remove("TESSERA_SECRET")
+            .env_remove("TESSERA_MANAGER")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = [0u8; 1];
+        child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.is_empty(), "tessera {args:?}, output closed: {err}");
+    }
 
     // Errors are clear and change nothing.
     fails(home, &["cat", "tessera:/nope"], "no such file");
