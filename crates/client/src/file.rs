@@ -428,6 +428,20 @@ impl File {
                     let len = self.stripe_len(seg.stripe) - seg.offset;
                     self.fetch(seg.stripe, seg.offset, len).await?
                 }
+                _ if segs.len() == 1 && self.sinks.is_none() => {
+                    let router = &self.client.router;
+                    match router
+                        .read_on_lane(self.ino, seg.stripe, seg.offset, seg.len)
+                        .await
+                    {
+                        Some(data) => vec![Fetched::Done {
+                            offset: seg.offset,
+                            len: seg.len,
+                            data: data?,
+                        }],
+                        None => self.fetch(seg.stripe, seg.offset, seg.len).await?,
+                    }
+                }
                 _ => self.fetch(seg.stripe, seg.offset, seg.len).await?,
             };
             fetches.push(parts);

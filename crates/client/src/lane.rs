@@ -4,9 +4,11 @@
 //! [`Lane::block_on`]. Within it, each request `Router::call_ex` makes (metadata: look-ups,
 //! creates, attributes, opens and closes) goes out on this thread's connection to the node,
 //! and the thread reads the answer itself (`tessera_proto::LaneConn`) instead of being woken
-//! by the shared connection's reader task: one wake-up fewer per request. Stripe reads and
-//! writes, and tasks the operation spawns, keep using the shared connections (a lane serves
-//! one request at a time and only while its thread waits). Requests an operation makes at
+//! by the shared connection's reader task: one wake-up fewer per request. So does a lone
+//! stripe read of a stripe without mirrors (a random read: nothing else is in flight while the
+//! thread waits for it). Other stripe reads and writes, and tasks the operation spawns, keep
+//! using the shared connections (a lane serves one request at a time and only while its thread
+//! waits). Requests an operation makes at
 //! once (a join) take turns on the lane: such operations are better run on the runtime.
 //!
 //! Coherence: a lane connection is attached to the subscribed shared connection it was made

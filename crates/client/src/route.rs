@@ -647,6 +647,33 @@ impl Router {
         Ok(parts)
     }
 
+    /// A lone stripe read by a thread with a lane (a FUSE worker's random read) when the stripe
+    /// has one replica: sent and answered on the lane, with no hand-off to the runtime. `None`:
+    /// no lane, or mirrors to choose among and hedge over (`send_read` does that).
+    pub async fn read_on_lane(
+        &self,
+        file: Ino,
+        stripe: u64,
+        offset: u32,
+        len: u32,
+    ) -> Option<Result<Bytes>> {
+        let key = Key::Stripe(file, stripe);
+        if Lane::current().is_none() || self.route().replicas(key).map_or(true, |r| r.len() != 1) {
+            return None;
+        }
+        let op = Op::ReadStripe {
+            file,
+            stripe,
+            offset,
+            len,
+        };
+        Some(match self.call(key, op, Bytes::new()).await {
+            Ok((Response::Ok, data)) => Ok(data),
+            Ok((other, _)) => Err(unexpected(&other)),
+            Err(e) => Err(e),
+        })
+    }
+
     async fn send_tracked(
         &self,
         route: &Route,

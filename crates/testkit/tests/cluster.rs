@@ -6,7 +6,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use std::time::{Duration, Instant};
-use tessera_client::{Client, ClientOptions, Lane, Notice, NoticeSink, SetAttr};
+use tessera_client::{Client, ClientOptions, Lane, Notice, NoticeSink, OpenOptions, SetAttr};
 use tessera_testkit::{digest, pattern, Cluster, ClusterSpec, Worker};
 
 const MIB: u64 = 1 << 20;
@@ -413,6 +413,57 @@ async fn answers_on_a_lane_are_promised_to_the_subscribed_connection() -> Result
     other.create_dir("/late").await?;
     let late = |n: &Notice| matches!(n, Notice::Entry { dir: ROOT, name } if name == b"late");
     hear(&heard, late, |_| false);
+    Ok(())
+}
+
+/// Random reads of stripes without mirrors go out on the reading thread's lane, and read what
+/// was written there, holes as zeros.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_reads_on_a_lane_read_the_file() -> Result<()> {
+    let cluster = tokio::task::spawn_blocking(|| Cluster::start(&ClusterSpec::default())).await??;
+    let c = Client::connect(ClientOptions::new(cluster.manager, &cluster.secret)).await?;
+    // 16 stripes, the second half of each a hole: all on the inode's server has odds 3^-16.
+    let stripes = 16u64;
+    let data = pattern(3, 0, (stripes * MIB) as usize);
+    let mut f = c.open("/r", &OpenOptions::create()).await?;
+    for s in 0..stripes {
+        let at = (s * MIB) as usize;
+        f.write_at(at as u64, &data[at..at + (MIB / 2) as usize])
+            .await?;
+    }
+    f.set_len(stripes * MIB).await?;
+    f.close().await?;
+    let rt = tokio::runtime::Handle::current();
+    let (lane, reads) = tokio::task::spawn_blocking(move || {
+        let lane = Lane::new();
+        let mut rng = StdRng::seed_from_u64(11);
+        let reads = lane.block_on(&rt, async move {
+            let mut f = c.open("/r", &OpenOptions::read()).await?;
+            let mut reads = Vec::new();
+            for _ in 0..200 {
+                let at = rng.gen_range(0..stripes * MIB - 1);
+                let len = rng.gen_range(1..=(stripes * MIB - at).min(300_000)) as usize;
+                reads.push((at, f.read_at(at, len).await?));
+            }
+            f.close().await?;
+            Ok::<_, tessera_client::Error>(reads)
+        });
+        (lane, reads)
+    })
+    .await?;
+    for (at, got) in reads? {
+        let want: Vec<u8> = (at..at + got.len() as u64)
+            .map(|i| {
+                if i % MIB < MIB / 2 {
+                    data[i as usize]
+                } else {
+                    0
+                }
+            })
+            .collect();
+        assert!(got[..] == want[..], "{} bytes at {at}", got.len());
+    }
+    assert!(lane.connections() > 1, "the reads went out on the lane");
     Ok(())
 }
 
