@@ -422,21 +422,32 @@ async fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// `tessera status | head`: printing to a pipe whose reader is gone makes `println!` panic.
+/// End quietly instead, with the status a SIGPIPE gives, as other Unix tools do. SIGPIPE
+/// itself stays ignored (Rust's default): a server closing a socket must be an error the
+/// client handles, not the end of the process.
+fn end_quietly_when_output_closes() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(128 + libc::SIGPIPE);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> std::process::ExitCode {
     // SAFETY: sets a process-wide allocator option before any thread exists. Large pages are
     // only a hint: without transparent huge pages mimalloc falls back to normal pages.
     unsafe { libmimalloc_sys::mi_option_set(libmimalloc_sys::mi_option_large_os_pages, 1) };
     let cli = Cli::parse();
-    if matches!(
-        cli.cmd,
-        Cmd::Status(_) | Cmd::Ls(_) | Cmd::Stat(_) | Cmd::Cat(_) | Cmd::Report(_)
-    ) {
-        // Commands whose output goes to pipes end quietly when it is closed (`tessera status
-        // | head`), as other Unix tools do, instead of failing to print. The others keep Rust's
-        // ignored SIGPIPE: a peer closing a socket is an error to handle there.
-        // SAFETY: before any thread exists; restores the signal's default action.
-        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    }
+    end_quietly_when_output_closes();
     let level = match cli.verbose {
         0 => "warn,tessera_server=info,tessera_manager=info",
         1 => "debug",
