@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::io::SeekFrom;
 use std::sync::Arc;
 use tessera_placement::{segments, Ino, Segment};
-use tessera_proto::{Inode, Op, Response, SetAttr, Sink, Timespec};
+use tessera_proto::{ErrorCode, Inode, Op, Response, SetAttr, Sink, Timespec};
 use tracing::warn;
 
 /// A stripe write not yet acknowledged by every replica.
@@ -276,10 +276,12 @@ impl File {
                     self.complete_lagging().await;
                 }
             }
-            Outcome::Failed(e) => {
+            // The space may be on its way back: `Router::write`, used by the re-send, waits
+            // for it a moment.
+            Outcome::Failed(e) if !e.is(&ErrorCode::NoSpace) => {
                 self.failed.get_or_insert(e);
             }
-            Outcome::Retry(_) => {
+            Outcome::Failed(_) | Outcome::Retry(_) => {
                 self.inflight.push_front(w);
                 self.redo().await;
             }
@@ -293,10 +295,10 @@ impl File {
         };
         match wait_acks(std::mem::take(&mut w.acks)).await {
             Outcome::Done => self.client.router.pool().recycle(w.data),
-            Outcome::Failed(e) => {
+            Outcome::Failed(e) if !e.is(&ErrorCode::NoSpace) => {
                 self.failed.get_or_insert(e);
             }
-            Outcome::Retry(_) => {
+            Outcome::Failed(_) | Outcome::Retry(_) => {
                 self.lagging.push_front(w);
                 self.redo().await;
             }

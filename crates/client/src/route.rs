@@ -32,6 +32,17 @@ use tracing::debug;
 
 /// Attempts for one request before giving up (stale epochs, a cluster still settling).
 const MAX_ATTEMPTS: u32 = 40;
+/// Waits before a stripe write refused for want of space is tried again: deleted files give
+/// their space back a moment after the unlink (the servers drop their stripes in the
+/// background), so a program that removes files to make room finds it, as on a local disk. A
+/// cluster that stays full answers ENOSPC after these (0.6 s in all).
+const NO_SPACE_WAITS: [Duration; 5] = [
+    Duration::from_millis(20),
+    Duration::from_millis(40),
+    Duration::from_millis(80),
+    Duration::from_millis(160),
+    Duration::from_millis(320),
+];
 /// How often the table is fetched again while waiting for the manager to declare an unreachable
 /// node dead (it does after about 2 s of missed heartbeats).
 const FAILOVER_POLL: Duration = Duration::from_millis(150);
@@ -576,10 +587,15 @@ impl Router {
     /// Writes to every replica and waits for all, retrying across table changes and failovers.
     pub async fn write(&self, key: Key, op: &Op, data: &Bytes) -> Result<()> {
         let mut since = None;
+        let mut no_space = NO_SPACE_WAITS.iter();
         for attempt in 0..MAX_ATTEMPTS {
             let route = self.route();
             match wait_acks(self.send_write(&route, key, op, data).await?).await {
                 Outcome::Done => return Ok(()),
+                Outcome::Failed(e) if e.is(&ErrorCode::NoSpace) => match no_space.next() {
+                    Some(&wait) => tokio::time::sleep(wait).await,
+                    None => return Err(e),
+                },
                 Outcome::Failed(e) => return Err(e),
                 Outcome::Retry(down) if down.is_empty() => {
                     self.refresh(route.epoch()).await?;
