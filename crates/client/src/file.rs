@@ -430,20 +430,7 @@ impl File {
                     let len = self.stripe_len(seg.stripe) - seg.offset;
                     self.fetch(seg.stripe, seg.offset, len).await?
                 }
-                _ if segs.len() == 1 && self.sinks.is_none() => {
-                    let router = &self.client.router;
-                    match router
-                        .read_on_lane(self.ino, seg.stripe, seg.offset, seg.len)
-                        .await
-                    {
-                        Some(data) => vec![Fetched::Done {
-                            offset: seg.offset,
-                            len: seg.len,
-                            data: data?,
-                        }],
-                        None => self.fetch(seg.stripe, seg.offset, seg.len).await?,
-                    }
-                }
+                _ if segs.len() == 1 => self.fetch_alone(seg).await?,
                 _ => self.fetch(seg.stripe, seg.offset, seg.len).await?,
             };
             fetches.push(parts);
@@ -504,6 +491,28 @@ impl File {
             .into_iter()
             .map(|p| Fetched::Pending(Box::new(p)))
             .collect())
+    }
+
+    /// The only piece a read needs: on the thread's lane when it has one and the caller
+    /// supplies no memory (`Router::read_on_lane`), else as `fetch`.
+    async fn fetch_alone(&self, seg: &Segment) -> Result<Vec<Fetched>> {
+        let on_lane = match self.sinks {
+            Some(_) => None,
+            None => {
+                let router = &self.client.router;
+                router
+                    .read_on_lane(self.ino, seg.stripe, seg.offset, seg.len)
+                    .await
+            }
+        };
+        match on_lane {
+            Some(data) => Ok(vec![Fetched::Done {
+                offset: seg.offset,
+                len: seg.len,
+                data: data?,
+            }]),
+            None => self.fetch(seg.stripe, seg.offset, seg.len).await,
+        }
     }
 
     /// Receive read answers into memory from `sinks` from now on.
