@@ -11,8 +11,9 @@
 //!
 //! A node drops stripes only in the partitions it holds. One receiving a copy of a partition
 //! (a rebuild, a migration) may thus ignore a drop and then get the file's stripes with the
-//! copy's last round; so files dropped in the last [`REDO_WITHIN`] are dropped again after
-//! every new table, when such a copy has become its holder's.
+//! copy's last round; so files whose drop began in the last [`REDO_WITHIN`] are dropped again
+//! after every new table, when such a copy has become its holder's, also while their first
+//! drop is still waiting for a node.
 
 use crate::handler::NodeHandler;
 use std::collections::VecDeque;
@@ -83,17 +84,21 @@ impl Queue {
         }
     }
 
-    fn take(&self) -> Vec<Deleted> {
-        let mut files = lock(&self.files);
-        let first = files.len().min(BATCH);
-        let rest = files.split_off(first);
-        std::mem::replace(&mut *files, rest)
-    }
-
-    fn dropped(&self, batch: Vec<Deleted>) {
+    /// The next batch to drop, remembered as recent from now: a table installed while it is
+    /// on its way (waiting out a dead node can take seconds) drops it once more. Remembered
+    /// only once answered, it missed that table, and a copy made meanwhile kept its stripes.
+    fn take(&self) -> Vec<(Ino, u64)> {
+        let batch = {
+            let mut files = lock(&self.files);
+            let first = files.len().min(BATCH);
+            let rest = files.split_off(first);
+            std::mem::replace(&mut *files, rest)
+        };
+        let out = batch.iter().map(|d| (d.file, d.size)).collect();
         let mut recent = lock(&self.recent);
         recent.extend(batch);
         Self::trim(&mut recent);
+        out
     }
 }
 
@@ -102,15 +107,13 @@ pub async fn run(h: Arc<NodeHandler>) {
     loop {
         h.purge.wake.notified().await;
         loop {
-            let batch = h.purge.take();
-            if batch.is_empty() {
+            let files = h.purge.take();
+            if files.is_empty() {
                 break;
             }
             let Some(t) = h.table() else { continue };
-            let files: Vec<(Ino, u64)> = batch.iter().map(|d| (d.file, d.size)).collect();
             let nodes = t.info.table.nodes();
             futures::future::join_all(nodes.into_iter().map(|n| drop_at(&h, n, &files))).await;
-            h.purge.dropped(batch);
         }
     }
 }
@@ -171,5 +174,37 @@ async fn ask(
             debug!(node = n, "dropping deleted files failed, retrying: {e}");
             Err(ErrorCode::NotReady(format!("node {n} did not answer: {e}")))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_on_its_way_is_dropped_again_after_a_new_table() {
+        let q = Queue::default();
+        q.push(7, 100);
+        q.push(8, 0);
+        assert_eq!(q.take(), vec![(7, 100), (8, 0)]);
+        assert!(q.take().is_empty());
+        // A table installed before any node answered: the batch may have missed a copy.
+        q.table_changed();
+        assert_eq!(q.take(), vec![(7, 100), (8, 0)]);
+        // Remembered still: every later table drops it again, within REDO_WITHIN.
+        q.table_changed();
+        assert_eq!(q.take(), vec![(7, 100), (8, 0)]);
+    }
+
+    #[test]
+    fn batches_hold_at_most_batch_files_in_deletion_order() {
+        let q = Queue::default();
+        for f in 0..(BATCH as u64 + 3) {
+            q.push(f, 1);
+        }
+        let first = q.take();
+        assert_eq!(first.len(), BATCH);
+        assert_eq!(first[0], (0, 1));
+        assert_eq!(q.take(), vec![(1024, 1), (1025, 1), (1026, 1)]);
     }
 }
