@@ -30,6 +30,8 @@ pub const DEFAULT_SYNC_RATE: u64 = 512 << 20;
 const FENCED_POLL: Duration = Duration::from_millis(10);
 /// How long a starting server keeps trying to reach the manager.
 const REGISTER_PATIENCE: Duration = Duration::from_secs(30);
+/// How long a retired server may spend dropping deleted files' stripes before it exits.
+const RETIRED_PURGE_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
@@ -222,6 +224,7 @@ async fn heartbeat(
             Ok((Response::HeartbeatAck { epoch }, _)) => epoch,
             Ok((Response::Retired, _)) => {
                 info!("drained and retired by the manager: exiting");
+                purge::finish(&handler, RETIRED_PURGE_WAIT).await;
                 return;
             }
             Ok((Response::Error(ErrorCode::NotFound), _)) => {

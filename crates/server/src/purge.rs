@@ -49,6 +49,8 @@ pub struct Queue {
     files: Mutex<Vec<Deleted>>,
     recent: Mutex<VecDeque<Deleted>>,
     wake: Notify,
+    /// Held while batches are on their way: a retiring server waits for them.
+    sending: tokio::sync::Mutex<()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -106,15 +108,28 @@ impl Queue {
 pub async fn run(h: Arc<NodeHandler>) {
     loop {
         h.purge.wake.notified().await;
-        loop {
-            let files = h.purge.take();
-            if files.is_empty() {
-                break;
-            }
-            let Some(t) = h.table() else { continue };
-            let nodes = t.info.table.nodes();
-            futures::future::join_all(nodes.into_iter().map(|n| drop_at(&h, n, &files))).await;
+        send_queued(&h).await;
+    }
+}
+
+/// A retired server's queue would die with it: it drops what is queued or on its way (a redo
+/// after the table that took its last partition) before it exits, for at most `within`.
+pub async fn finish(h: &NodeHandler, within: Duration) {
+    if tokio::time::timeout(within, send_queued(h)).await.is_err() {
+        warn!("exiting with deleted files' stripes not yet dropped everywhere");
+    }
+}
+
+async fn send_queued(h: &NodeHandler) {
+    let _sending = h.purge.sending.lock().await;
+    loop {
+        let files = h.purge.take();
+        if files.is_empty() {
+            return;
         }
+        let Some(t) = h.table() else { continue };
+        let nodes = t.info.table.nodes();
+        futures::future::join_all(nodes.into_iter().map(|n| drop_at(h, n, &files))).await;
     }
 }
 
