@@ -26,6 +26,10 @@ use tracing::{debug, warn};
 
 /// Files per drop request.
 const BATCH: usize = 1024;
+/// Batches leave at most this often: a loop of unlinks sent its files one per batch otherwise,
+/// a drop request to every node per unlink. The first delete after a quiet spell leaves at
+/// once, so the space of a lone `rm` comes back as soon as it can.
+const GATHER: Duration = Duration::from_millis(5);
 /// How long a server keeps trying to reach another before giving up on its part of a batch
 /// (a dead server is taken out of the table within seconds, which ends the wait sooner).
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -106,8 +110,13 @@ impl Queue {
 
 /// Drops queued files until the server stops.
 pub async fn run(h: Arc<NodeHandler>) {
+    let mut last: Option<tokio::time::Instant> = None;
     loop {
         h.purge.wake.notified().await;
+        if let Some(at) = last {
+            tokio::time::sleep_until(at + GATHER).await;
+        }
+        last = Some(tokio::time::Instant::now());
         send_queued(&h).await;
     }
 }
