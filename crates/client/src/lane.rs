@@ -79,6 +79,24 @@ impl Lane {
         req: &Request,
         payload: &Bytes,
     ) -> Option<Result<(Response, Bytes), RpcError>> {
+        let sent = match self.send(router, node, shared, req, payload).await? {
+            Ok(sent) => sent,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(self.answer(sent))
+    }
+
+    /// Sends `req` to `node` and returns before its answer, which [`Self::answer`] reads on
+    /// this thread. Until then a request to `node` would need a second connection: send this
+    /// way only what goes beside a request to another node. `None`, as for [`Self::call`].
+    pub(crate) async fn send(
+        &self,
+        router: &Router,
+        node: NodeId,
+        shared: &Arc<RpcClient>,
+        req: &Request,
+        payload: &Bytes,
+    ) -> Option<Result<Sent, RpcError>> {
         let slot = self.conns().remove(&node);
         let (mut conn, fresh) = match slot {
             Some(s) if s.beside.as_ptr() == Arc::as_ptr(shared) && !s.conn.is_broken() => {
@@ -92,14 +110,38 @@ impl Lane {
                 }
             },
         };
-        let answer = conn.call(req, payload);
         let beside = Arc::downgrade(shared);
+        Some(conn.send(req, payload).map(|()| Sent {
+            node,
+            conn,
+            beside,
+            fresh,
+        }))
+    }
+
+    /// Waits for the answer to a request [`Self::send`] sent.
+    pub(crate) fn answer(&self, sent: Sent) -> Result<(Response, Bytes), RpcError> {
+        let Sent {
+            node,
+            mut conn,
+            beside,
+            fresh,
+        } = sent;
+        let answer = conn.recv();
         let mut conns = self.conns();
         if fresh {
             // Drop the connections beside shared ones that ended (servers that left).
             conns.retain(|_, s| s.beside.upgrade().is_some_and(|c| !c.is_closed()));
         }
         conns.insert(node, Slot { conn, beside });
-        Some(answer)
+        answer
     }
+}
+
+/// A request sent on a lane, its answer still to be read ([`Lane::answer`]).
+pub(crate) struct Sent {
+    node: NodeId,
+    conn: LaneConn,
+    beside: Weak<RpcClient>,
+    fresh: bool,
 }

@@ -229,6 +229,16 @@ impl ReadPart {
 }
 
 /// A stripe write queued to one replica; `Err` if it could not even be queued.
+/// A stripe write on its way on a lane ([`Router::send_write_on_lane`]).
+pub(crate) struct LaneWrite {
+    lane: Lane,
+    sent: std::result::Result<crate::lane::Sent, RpcError>,
+}
+
+/// The largest write sent on a lane: the lane copies it into its frame, and a small file's
+/// close is what it is for.
+const LANE_WRITE_MAX: usize = 64 << 10;
+
 pub(crate) struct Ack {
     pub node: NodeId,
     waiter: Result<Waiter>,
@@ -688,6 +698,57 @@ impl Router {
             Ok((other, _)) => Err(unexpected(&other)),
             Err(e) => Err(e),
         })
+    }
+
+    /// A small stripe write sent on this thread's lane, when the stripe has one replica and
+    /// its node is not the one `beside` (a request the thread makes while this is on its way)
+    /// goes to; `None` otherwise, nothing sent. [`Self::finish_lane_write`] reads the answer.
+    pub async fn send_write_on_lane(
+        &self,
+        key: Key,
+        op: &Op,
+        data: &Bytes,
+        beside: Key,
+    ) -> Option<LaneWrite> {
+        let lane = Lane::current()?;
+        if data.len() > LANE_WRITE_MAX {
+            return None;
+        }
+        let route = self.route();
+        let node = match route.replicas(key) {
+            Ok(&[node]) if route.primary(beside).ok() != Some(node) => node,
+            _ => return None,
+        };
+        let conn = self.conn(&route, node).await.ok()?;
+        let req = Request::Op {
+            epoch: route.epoch(),
+            op: op.clone(),
+        };
+        let sent = lane.send(self, node, &conn, &req, data).await?;
+        Some(LaneWrite { lane, sent })
+    }
+
+    /// The answer to a [`Self::send_write_on_lane`]; a write that failed or was refused is sent
+    /// again as [`Self::write`] sends it (across table changes, failovers and full servers).
+    pub async fn finish_lane_write(
+        &self,
+        w: LaneWrite,
+        key: Key,
+        op: &Op,
+        data: &Bytes,
+    ) -> Result<()> {
+        match w.sent.and_then(|sent| w.lane.answer(sent)) {
+            Ok((Response::Ok, _)) => Ok(()),
+            Ok((Response::Error(e), _)) => {
+                debug!("a write on a lane was refused ({e}), sending it again");
+                self.write(key, op, data).await
+            }
+            Ok((other, _)) => Err(unexpected(&other)),
+            Err(e) => {
+                debug!("a write on a lane failed ({e}), sending it again");
+                self.write(key, op, data).await
+            }
+        }
     }
 
     async fn send_tracked(

@@ -78,6 +78,14 @@ impl LaneConn {
 
     /// Sends `req` and blocks until its answer is in.
     pub fn call(&mut self, req: &Request, payload: &[u8]) -> Result<(Response, Bytes), RpcError> {
+        self.send(req, payload)?;
+        self.recv()
+    }
+
+    /// Writes `req` without waiting for its answer, which [`Self::recv`] reads: the thread can
+    /// ask another server something meanwhile. Nothing else may be sent on this connection
+    /// before that answer is read.
+    pub fn send(&mut self, req: &Request, payload: &[u8]) -> Result<(), RpcError> {
         if self.broken {
             return Err(self.closed("an earlier request on it failed".into()));
         }
@@ -86,9 +94,16 @@ impl LaneConn {
         let mut out = encode_head(self.next_id, FrameKind::Request, &header, payload.len())
             .map_err(|e| RpcError::Encode(e.to_string()))?;
         out.extend_from_slice(payload);
-        // From here on a failure leaves the stream mid-frame or an answer unread.
+        // Until the answer is read, the stream is mid-frame or has an answer unread.
         self.broken = true;
-        self.rd.get_ref().write_all(&out).map_err(|e| self.io(e))?;
+        self.rd.get_ref().write_all(&out).map_err(|e| self.io(e))
+    }
+
+    /// Blocks until the answer to the request [`Self::send`] wrote is in.
+    pub fn recv(&mut self) -> Result<(Response, Bytes), RpcError> {
+        if !self.broken {
+            return Err(self.closed("no request is waiting for an answer".into()));
+        }
         let answer = self.read_answer()?;
         self.broken = false;
         Ok(answer)

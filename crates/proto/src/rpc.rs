@@ -954,6 +954,26 @@ mod tests {
         assert!(conn.is_broken());
     }
 
+    /// A lane can send a request and read its answer later; reading with nothing sent is an
+    /// error, not a wait for the read timeout.
+    #[tokio::test]
+    async fn a_lane_reads_an_answer_after_sending_and_refuses_to_read_without() {
+        let (addr, cfg) = (start("k").await, cfg("k"));
+        let mut conn = lane(addr, &cfg, None).await.unwrap();
+        let (conn, early, sent, answer) = tokio::task::spawn_blocking(move || {
+            let early = conn.recv();
+            let sent = conn.send(&GET, b"later");
+            let answer = conn.recv();
+            (conn, early, sent, answer)
+        })
+        .await
+        .unwrap();
+        assert!(matches!(early, Err(RpcError::Closed { .. })), "{early:?}");
+        assert!(sent.is_ok(), "{sent:?}");
+        assert_eq!(answer.unwrap().1, Bytes::from_static(b"later"));
+        assert!(!conn.is_broken());
+    }
+
     struct VecSink(Vec<u8>);
     impl Sink for VecSink {
         fn buf(&mut self) -> &mut [u8] {

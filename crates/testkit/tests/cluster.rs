@@ -519,3 +519,50 @@ async fn promises_are_dropped_with_the_partitions_a_new_server_takes() -> Result
     drop(cluster);
     Ok(())
 }
+
+/// Small files closed on a lane (a FUSE worker's close) send their one stripe write there,
+/// beside the size: every byte reads back elsewhere, also after a second write and flush
+/// through the same handle, and for a file past the lane's size limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_files_closed_on_a_lane_read_back_elsewhere() -> Result<()> {
+    let cluster = tokio::task::spawn_blocking(|| Cluster::start(&ClusterSpec::default())).await??;
+    let opts = || ClientOptions::new(cluster.manager, &cluster.secret);
+    let (writer, reader) = (
+        Client::connect(opts()).await?,
+        Client::connect(opts()).await?,
+    );
+    let sizes: Vec<usize> = (0..48).map(|k| 1 + k * 1500).chain([100 << 10]).collect();
+    let rt = tokio::runtime::Handle::current();
+    let (lane, written) = {
+        let sizes = sizes.clone();
+        tokio::task::spawn_blocking(move || {
+            let lane = Lane::new();
+            let written = lane.block_on(&rt, async move {
+                for (k, &len) in sizes.iter().enumerate() {
+                    let data = pattern(k as u64, 0, len);
+                    let mut f = writer
+                        .open(&format!("/small{k}"), &OpenOptions::create())
+                        .await?;
+                    f.write_at(0, &data).await?;
+                    f.flush().await?;
+                    // A second write and flush through the same handle, at an offset.
+                    f.write_at(len as u64 + 10, b"tail").await?;
+                    f.close().await?;
+                }
+                Ok::<_, tessera_client::Error>(())
+            });
+            (lane, written)
+        })
+        .await?
+    };
+    written?;
+    for (k, &len) in sizes.iter().enumerate() {
+        let mut want = pattern(k as u64, 0, len);
+        want.extend_from_slice(&[0; 10]);
+        want.extend_from_slice(b"tail");
+        let got = reader.read(&format!("/small{k}")).await?;
+        assert!(got[..] == want[..], "file {k} of {len} bytes");
+    }
+    assert!(lane.connections() > 1, "the closes went out on the lane");
+    Ok(())
+}
