@@ -6,10 +6,11 @@
 //! and the thread reads the answer itself (`tessera_proto::LaneConn`) instead of being woken
 //! by the shared connection's reader task: one wake-up fewer per request. So does a lone
 //! stripe read of a stripe without mirrors (a random read: nothing else is in flight while the
-//! thread waits for it). Other stripe reads and writes, and tasks the operation spawns, keep
-//! using the shared connections (a lane serves one request at a time and only while its thread
-//! waits). Requests an operation makes at
-//! once (a join) take turns on the lane: such operations are better run on the runtime.
+//! thread waits for it), and a small file's last stripe write at its close, sent before the
+//! size goes to another node and answered after it. Other stripe reads and writes, and tasks
+//! the operation spawns, keep using the shared connections (a lane serves one request at a
+//! time and only while its thread waits). Requests an operation makes at once (a join) take
+//! turns on the lane: such operations are better run on the runtime.
 //!
 //! Coherence: a lane connection is attached to the subscribed shared connection it was made
 //! beside, so the promises its answers carry are kept for that connection, and it is remade
@@ -69,26 +70,11 @@ impl Lane {
         CURRENT.try_with(Self::clone).ok()
     }
 
-    /// Sends `req` to `node` and waits for the answer on this thread. `None`: the lane cannot
-    /// serve it now (no connection could be made beside `shared`); use the shared connection.
-    pub(crate) async fn call(
-        &self,
-        router: &Router,
-        node: NodeId,
-        shared: &Arc<RpcClient>,
-        req: &Request,
-        payload: &Bytes,
-    ) -> Option<Result<(Response, Bytes), RpcError>> {
-        let sent = match self.send(router, node, shared, req, payload).await? {
-            Ok(sent) => sent,
-            Err(e) => return Some(Err(e)),
-        };
-        Some(self.answer(sent))
-    }
-
     /// Sends `req` to `node` and returns before its answer, which [`Self::answer`] reads on
-    /// this thread. Until then a request to `node` would need a second connection: send this
-    /// way only what goes beside a request to another node. `None`, as for [`Self::call`].
+    /// this thread (at once, for a call; after asking another node something, for a request
+    /// sent beside that one: until then a request to `node` would need a second connection).
+    /// `None`: the lane cannot serve it now (no connection could be made beside `shared`); use
+    /// the shared connection.
     pub(crate) async fn send(
         &self,
         router: &Router,

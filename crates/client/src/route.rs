@@ -995,7 +995,10 @@ impl Router {
     ) -> Result<(Response, Bytes)> {
         let conn = self.conn(route, node).await?;
         let answer = match Lane::current() {
-            Some(lane) => lane.call(self, node, &conn, req, payload).await,
+            Some(lane) => lane
+                .send(self, node, &conn, req, payload)
+                .await
+                .map(|sent| sent.and_then(|sent| lane.answer(sent))),
             None => None,
         };
         let answer = match answer {
