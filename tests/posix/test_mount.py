@@ -93,6 +93,18 @@ def test_create_write_read_sizes(d: Path) -> None:
         assert p.read_bytes() == data
 
 
+def test_preferred_io_size_keeps_buffered_random_reads_small(d: Path) -> None:
+    # Python sizes a file's buffer by st_blksize: a stripe-sized one made each small read at a
+    # random offset copy 1 MiB.
+    p = d / "blk"
+    p.write_bytes(pattern(4 * STRIPE, 9))
+    assert p.stat().st_blksize == 128 * 1024
+    with open(p, "rb") as f:
+        f.seek(3 * STRIPE + 5)
+        assert f.read(10) == pattern(4 * STRIPE, 9)[3 * STRIPE + 5 : 3 * STRIPE + 15]
+        assert len(f.peek()) <= 128 * 1024
+
+
 def test_open_excl_trunc_append(d: Path) -> None:
     p = d / "f"
     fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640)
