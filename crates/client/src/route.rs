@@ -228,7 +228,6 @@ impl ReadPart {
     }
 }
 
-/// A stripe write queued to one replica; `Err` if it could not even be queued.
 /// A stripe write on its way on a lane ([`Router::send_write_on_lane`]).
 pub(crate) struct LaneWrite {
     lane: Lane,
@@ -239,6 +238,7 @@ pub(crate) struct LaneWrite {
 /// close is what it is for.
 const LANE_WRITE_MAX: usize = 64 << 10;
 
+/// A stripe write queued to one replica; `Err` if it could not even be queued.
 pub(crate) struct Ack {
     pub node: NodeId,
     waiter: Result<Waiter>,
