@@ -16,6 +16,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import termios
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -103,6 +104,15 @@ def test_preferred_io_size_keeps_buffered_random_reads_small(d: Path) -> None:
         f.seek(3 * STRIPE + 5)
         assert f.read(10) == pattern(4 * STRIPE, 9)[3 * STRIPE + 5 : 3 * STRIPE + 15]
         assert len(f.peek()) <= 128 * 1024
+
+
+def test_files_are_not_terminals(d: Path) -> None:
+    # Python asks at every buffered open; the mount answers at once (and logs nothing).
+    p = d / "tty"
+    p.write_bytes(b"x")
+    with open(p, "rb") as f:
+        assert not f.isatty()
+        expect_errno(errno.ENOTTY, lambda: fcntl.ioctl(f.fileno(), termios.TCGETS, bytes(64)))
 
 
 def test_open_excl_trunc_append(d: Path) -> None:

@@ -29,8 +29,8 @@
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, Request, TimeOrNow, WriteFlags,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -1299,6 +1299,24 @@ impl Filesystem for TesseraFs {
         if sent.is_err() {
             tracing::warn!("unmounting before the last closes were answered");
         }
+    }
+
+    /// No file here is a terminal or takes device requests: ENOTTY, as a local file answers.
+    /// Python asks at every buffered open (is it a terminal?), and the kernel does not remember
+    /// a refusal of ioctls as it does of other requests: fuser's default answer also logged a
+    /// three-line warning each time, 25 µs per open and a log growing with every file opened.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
     }
 
     /// Extends the size (mode 0) or does nothing (`KEEP_SIZE`); memory is not reserved ahead,
