@@ -737,18 +737,14 @@ impl Router {
         op: &Op,
         data: &Bytes,
     ) -> Result<()> {
-        match w.sent.and_then(|sent| w.lane.answer(sent)) {
-            Ok((Response::Ok, _)) => Ok(()),
-            Ok((Response::Error(e), _)) => {
-                debug!("a write on a lane was refused ({e}), sending it again");
-                self.write(key, op, data).await
-            }
-            Ok((other, _)) => Err(unexpected(&other)),
-            Err(e) => {
-                debug!("a write on a lane failed ({e}), sending it again");
-                self.write(key, op, data).await
-            }
-        }
+        let why = match w.sent.and_then(|sent| w.lane.answer(sent)) {
+            Ok((Response::Ok, _)) => return Ok(()),
+            Ok((Response::Error(e), _)) => e.to_string(),
+            Ok((other, _)) => return Err(unexpected(&other)),
+            Err(e) => e.to_string(),
+        };
+        debug!("a write on a lane did not go through ({why}), sending it again");
+        self.write(key, op, data).await
     }
 
     async fn send_tracked(
