@@ -6,7 +6,8 @@
 # Usage: scripts/bench-fuse.sh [SIZE]   (fio file size, default 4G)
 # Environment: OUT (JSON results, default /tmp/bench-fuse.json), MOUNT_ARGS (extra flags for
 # `tessera mount`, e.g. "--writeback-cache"), PHASES ("io,meta" by default; "meta": the
-# metadata test only), TESSERA_BIN (another tessera binary, e.g. an older build to compare).
+# metadata test only), ROUNDS (3 by default: medians of that many rounds over every directory in
+# turn), TESSERA_BIN (another tessera binary, e.g. an older build to compare).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size=${1:-4G}

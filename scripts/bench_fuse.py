@@ -6,7 +6,8 @@ written to a new file, then removed; per second from 1 and 4 processes) on each 
 given, printed as a table with ratios to the first ones.
 
 Usage: python3 scripts/bench_fuse.py SIZE NAME=DIR [NAME=DIR ...]
-Environment: PHASES (default "io,meta"): "meta" alone skips fio.
+Environment: PHASES (default "io,meta"): "meta" alone skips fio; ROUNDS (default 3): each
+measure is the median of this many rounds, a round going through every directory in turn.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import time
 import socket
+import statistics
 from multiprocessing import Pool, Process, Queue
 
 META_FILES = 20000
@@ -185,38 +187,54 @@ def tcp_round_trip_us(n: int = 20000) -> float:
     return dt / n * 1e6
 
 
+def run_once(directory: str, size: str, phases: list[str]) -> dict[str, float]:
+    r: dict[str, float] = {}
+    if "io" in phases:
+        r["write GB/s"] = fio(directory, "write", "1M", size, ["--end_fsync=1"])["GB/s"]
+        # fio drops the file's cached pages first (invalidate=1): this reads the cluster.
+        r["read GB/s"] = fio(directory, "read", "1M", size, [])["GB/s"]
+        r["4K randread IOPS"] = fio(
+            directory, "randread", "4k", size, ["--runtime=15", "--time_based"]
+        )["IOPS"]
+        os.unlink(os.path.join(directory, "fio.dat"))
+        r.update(dd(directory, size))
+        r.update(read_back(directory))
+    for procs in (1, 4) if "meta" in phases else ():
+        for k, v in meta(directory, procs).items():
+            r[f"{k} ({procs}p)"] = v
+    return r
+
+
 def main() -> None:
     print(f"TCP round trip between two processes: {tcp_round_trip_us():.1f} us", flush=True)
     size = sys.argv[1]
     phases = os.environ.get("PHASES", "io,meta").split(",")
+    rounds = int(os.environ.get("ROUNDS", "3"))
     targets = [a.split("=", 1) for a in sys.argv[2:]]
-    results: dict[str, dict[str, float]] = {}
-    for name, d in targets:
-        r: dict[str, float] = {}
-        if "io" in phases:
-            r["write GB/s"] = fio(d, "write", "1M", size, ["--end_fsync=1"])["GB/s"]
-            # fio drops the file's cached pages first (invalidate=1): this reads the cluster.
-            r["read GB/s"] = fio(d, "read", "1M", size, [])["GB/s"]
-            r["4K randread IOPS"] = fio(d, "randread", "4k", size, ["--runtime=15", "--time_based"])["IOPS"]
-            os.unlink(os.path.join(d, "fio.dat"))
-            r.update(dd(d, size))
-            r.update(read_back(d))
-        for procs in (1, 4) if "meta" in phases else ():
-            for k, v in meta(d, procs).items():
-                r[f"{k} ({procs}p)"] = v
-        results[name] = r
-        print(f"{name}: " + ", ".join(f"{k} {v:,.2f}" for k, v in r.items()), flush=True)
+    # Rounds go through every target in turn, so a swing of this VM's speed (its memory and
+    # wake-ups vary by minutes) lands on all of them rather than on one.
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in targets}
+    for i in range(rounds):
+        for name, d in targets:
+            r = run_once(d, size, phases)
+            runs[name].append(r)
+            print(f"round {i + 1} {name}: " + ", ".join(f"{k} {v:,.2f}" for k, v in r.items()), flush=True)
+    results = {
+        name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()
+    }
     names = [n for n, _ in targets]
     last = names[-1]
     print()
+    print(f"Medians of {rounds} rounds (lowest-highest of {last} in brackets):")
     print("| measure | " + " | ".join(names) + " | " + " | ".join(f"{last}/{n}" for n in names[:-1]) + " |")
     print("|---" * (2 * len(names)) + "|")
     for k in results[last]:
         vals = " | ".join(f"{results[n][k]:,.2f}" for n in names)
+        spread = [r[k] for r in runs[last]]
         ratios = " | ".join(f"{results[last][k] / results[n][k]:.0%}" for n in names[:-1])
-        print(f"| {k} | {vals} | {ratios} |")
+        print(f"| {k} | {vals} ({min(spread):,.2f}-{max(spread):,.2f}) | {ratios} |")
     with open(os.environ.get("OUT", "/tmp/bench-fuse.json"), "w") as f:
-        json.dump(results, f, indent=1)
+        json.dump({"medians": results, "runs": runs}, f, indent=1)
 
 
 if __name__ == "__main__":
