@@ -442,6 +442,28 @@ fn end_quietly_when_output_closes() {
     }));
 }
 
+/// How often freed memory is offered back to the system.
+const RETURN_FREED_EVERY: Duration = Duration::from_secs(1);
+
+/// Gives the memory of deleted files back to the system. mimalloc returns freed pages only
+/// when it next runs, at least a second (`purge_delay`) after the free: a server whose files
+/// were just removed, and that then sat idle, kept all their memory (1.1 GiB per server
+/// after a 4 GiB file, measured), out of reach of the applications on its node. Waiting that
+/// second, rather than returning pages at once, lets a write that follows a remove reuse
+/// them warm.
+fn return_freed_memory() {
+    let spawned = std::thread::Builder::new()
+        .name("tessera-free".into())
+        .spawn(|| loop {
+            std::thread::sleep(RETURN_FREED_EVERY);
+            // SAFETY: only the allocator's own state is read and changed.
+            unsafe { libmimalloc_sys::mi_collect(false) };
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("freed memory stays with the allocator until it next runs: {e}");
+    }
+}
+
 fn main() -> std::process::ExitCode {
     // SAFETY: sets a process-wide allocator option before any thread exists. Large pages are
     // only a hint: without transparent huge pages mimalloc falls back to normal pages.
@@ -459,6 +481,7 @@ fn main() -> std::process::ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    return_freed_memory();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

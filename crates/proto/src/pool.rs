@@ -4,6 +4,7 @@
 //! so frame payloads are read into recycled buffers and stripes give theirs back when replaced.
 
 use bytes::{Bytes, BytesMut};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 impl std::fmt::Debug for BufferPool {
@@ -19,6 +20,8 @@ pub struct BufferPool {
     free: Mutex<Vec<BytesMut>>,
     buf_size: usize,
     max_free: usize,
+    /// A pooled-size buffer was asked for since the last `trim`.
+    drawn: AtomicBool,
 }
 
 impl BufferPool {
@@ -29,6 +32,7 @@ impl BufferPool {
             free: Mutex::new(Vec::new()),
             buf_size,
             max_free,
+            drawn: AtomicBool::new(false),
         }
     }
 
@@ -44,6 +48,7 @@ impl BufferPool {
     #[must_use]
     pub fn get(&self, len: usize) -> BytesMut {
         if len <= self.buf_size && len > self.buf_size / 2 {
+            self.drawn.store(true, Ordering::Relaxed);
             if let Some(b) = self.lock().pop() {
                 return b;
             }
@@ -69,6 +74,20 @@ impl BufferPool {
         if let Ok(m) = b.try_into_mut() {
             self.put(m);
         }
+    }
+
+    /// Frees the idle buffers beyond `keep` if none was asked for since the last call: called
+    /// periodically, a pool that served a burst of writes gives its memory back once the burst
+    /// is over (the pool is for reuse within a workload, not memory held for good). Returns
+    /// how many it freed.
+    pub fn trim(&self, keep: usize) -> usize {
+        if self.drawn.swap(false, Ordering::Relaxed) {
+            return 0;
+        }
+        let mut free = self.lock();
+        let before = free.len();
+        free.truncate(keep);
+        before - free.len()
     }
 
     /// Idle buffers held.
@@ -110,5 +129,21 @@ mod tests {
         pool.recycle(c);
         assert_eq!(pool.idle(), 0);
         assert!(pool.get(4096).capacity() >= 4096);
+    }
+
+    #[test]
+    fn trims_only_after_a_quiet_spell() {
+        let pool = BufferPool::new(1024, 8);
+        let bufs: Vec<_> = (0..6).map(|_| pool.get(1000)).collect();
+        for b in bufs {
+            pool.put(b);
+        }
+        assert_eq!(pool.idle(), 6);
+        assert_eq!(pool.trim(2), 0, "buffers were taken since the last trim");
+        assert_eq!(pool.trim(2), 4, "a quiet spell frees all but `keep`");
+        assert_eq!(pool.idle(), 2);
+        let _small = pool.get(5);
+        assert_eq!(pool.trim(0), 2, "small requests do not count as use");
+        assert_eq!(pool.trim(0), 0);
     }
 }

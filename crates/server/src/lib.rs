@@ -23,6 +23,11 @@ use tracing::{info, warn};
 
 /// Idle stripe buffers a server keeps for reuse.
 const POOL_BUFFERS: usize = 256;
+/// Idle stripe buffers kept through a quiet spell, and how long that spell is: after a burst
+/// of writes and removes the pool shrinks to this, so the memory of removed files goes back to
+/// the node.
+const POOL_KEEP_QUIET: usize = 16;
+const POOL_QUIET: Duration = Duration::from_secs(5);
 /// Default copy rate of a node receiving partitions: a fraction of what loopback carries.
 pub const DEFAULT_SYNC_RATE: u64 = 512 << 20;
 /// How often a server with fenced partitions asks for the table (the fence lasts until the
@@ -172,10 +177,16 @@ pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
     let pool = Arc::new(BufferPool::new(config.stripe_size as usize, POOL_BUFFERS));
     let rpc = Arc::new(RpcConfig::new(opts.secret.clone(), pool.clone()));
     let handler = Arc::new(
-        NodeHandler::new(node, config, opts.capacity, pool, rpc.clone())
+        NodeHandler::new(node, config, opts.capacity, pool.clone(), rpc.clone())
             .with_fault_delay(opts.fault_delay),
     );
     let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(async move {
+        loop {
+            tokio::time::sleep(POOL_QUIET).await;
+            pool.trim(POOL_KEEP_QUIET);
+        }
+    });
     tasks.spawn(tessera_proto::serve(
         listener,
         rpc.clone(),

@@ -172,6 +172,49 @@ fn unlinked_file_lives_until_its_last_close() -> Result<()> {
     Ok(())
 }
 
+/// Resident memory of a process, in bytes.
+fn resident(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .ok_or_else(|| anyhow::anyhow!("no VmRSS for process {pid}"))?;
+    Ok(kib << 10)
+}
+
+#[test]
+fn a_server_gives_back_the_memory_of_removed_files() -> Result<()> {
+    let cluster = Cluster::start(&ClusterSpec {
+        servers: 1,
+        ..ClusterSpec::default()
+    })?;
+    let pid = cluster.servers[0].id();
+    let mut w = cluster.worker()?;
+    let base = resident(pid)?;
+    w.ok(&json!({"cmd": "write_file", "path": "/big", "len": 512 * MIB, "seed": 3}))?;
+    let full = resident(pid)?;
+    assert!(
+        full >= base + 400 * MIB,
+        "the file is in the server's memory: {base} -> {full}"
+    );
+    w.ok(&json!({"cmd": "unlink", "path": "/big"}))?;
+    // Freed pages go back within a second or two, the idle write buffers after two quiet
+    // spells of the pool (5 s each).
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let now = resident(pid)?;
+        if now < base + 100 * MIB {
+            return Ok(());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server kept the memory of the removed file: {base} -> {full} -> {now}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 #[test]
 fn rename_within_and_across_directories() -> Result<()> {
     let cluster = Cluster::start(&ClusterSpec::default())?;
