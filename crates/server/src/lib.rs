@@ -184,7 +184,10 @@ pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
     tasks.spawn(async move {
         loop {
             tokio::time::sleep(POOL_QUIET).await;
-            pool.trim(POOL_KEEP_QUIET);
+            let freed = pool.trim(POOL_KEEP_QUIET);
+            if freed > 0 {
+                tracing::debug!(freed, "idle stripe buffers given back");
+            }
         }
     });
     tasks.spawn(tessera_proto::serve(
