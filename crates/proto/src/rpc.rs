@@ -27,6 +27,12 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
 const IO_BUF: usize = 256 << 10;
+/// Reads go through a smaller buffer than writes. A buffered reader reads a payload straight
+/// into its destination only while the rest is at least a buffer long; otherwise it refills
+/// with whatever the socket holds, the next frame's payload included, and copies that again:
+/// with 256 KiB, up to a quarter of every 1 MiB stripe took that extra copy (5.6 % of the
+/// mount's time in a sequential read). 32 KiB still holds many small answers.
+const READ_BUF: usize = 32 << 10;
 /// Frames up to this size are written by the caller itself (see `Sender`).
 const DIRECT_MAX: usize = 64 << 10;
 
@@ -311,7 +317,7 @@ impl RpcClient {
         let r_shared = shared.clone();
         let (limits, pool) = (cfg.limits, cfg.pool.clone());
         tokio::spawn(async move {
-            let mut rd = BufReader::with_capacity(IO_BUF, rd);
+            let mut rd = BufReader::with_capacity(READ_BUF, rd);
             let reason = loop {
                 let head = match read_head(&mut rd, limits).await {
                     Ok(Some(h)) => h,
@@ -695,7 +701,7 @@ pub async fn serve_connection(
     let w: Writer = Arc::new(tokio::sync::Mutex::new(BufWriter::with_capacity(
         IO_BUF, wr,
     )));
-    let mut rd = BufReader::with_capacity(IO_BUF, rd);
+    let mut rd = BufReader::with_capacity(READ_BUF, rd);
     let conn = Conn::default();
     let mut notices = None;
     loop {
