@@ -26,6 +26,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
+/// Buffer of a connection's writer: many small frames leave in one write.
 const IO_BUF: usize = 256 << 10;
 /// Reads go through a smaller buffer than writes. A buffered reader reads a payload straight
 /// into its destination only while the rest is at least a buffer long; otherwise it refills
