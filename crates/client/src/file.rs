@@ -704,6 +704,14 @@ impl File {
     }
 }
 
+impl File {
+    /// Forgets this file without a word to the servers: it never reached them (a create
+    /// answered ahead that failed, or was not sent). Its writes are dropped.
+    pub fn abandon(&mut self) {
+        self.closed = true;
+    }
+}
+
 impl Drop for File {
     fn drop(&mut self) {
         if self.closed || self.detached {

@@ -28,7 +28,7 @@ pub use lane::Lane;
 pub use namespace::{Moved, OpenOptions, Unlinked, Usage};
 pub use tessera_proto::{
     DirEntry, ErrorCode, FileKind, Inode, Listed, Name, Notice, NoticeSink, SetAttr, Timespec,
-    NAME_MAX,
+    NAME_MAX, RECALL_PATIENCE,
 };
 
 use route::Router;

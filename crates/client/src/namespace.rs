@@ -5,6 +5,7 @@
 use crate::route::{unexpected, Key};
 use crate::{Client, Error, File, Result, WriteAck};
 use bytes::Bytes;
+use std::future::Future;
 use tessera_placement::{meta_partition, placed_ino, Ino, ROOT_INO};
 use tessera_proto::{
     check_name, DirEntry, ErrorCode, FileKind, Inode, Listed, Op, Response, SetAttr, Timespec,
@@ -100,6 +101,14 @@ pub struct Usage {
 /// claimed with an exclusive create: unique without a central allocator. A directory's number
 /// hashes, so directories spread over all nodes; anything else is placed in its directory's
 /// partition (`placed_ino`), where its name is, so that create and lookup are one request each.
+/// What naming a new inode came to.
+enum Named {
+    /// Made; the directory's attributes after, when the server gave them.
+    Made(Option<Inode>),
+    /// The inode number was taken, not the name: another may be drawn.
+    NumberTaken(Error),
+}
+
 fn new_ino(kind: FileKind, parent: Ino, partitions: u32) -> Ino {
     if kind != FileKind::Dir {
         let p = meta_partition(parent, partitions);
@@ -298,26 +307,35 @@ impl Client {
         loop {
             let ino = new_ino(kind, parent, partitions);
             let inode = self.new_inode(ino, kind, mode, parent, target.clone(), open);
-            let op = Op::DirCreate {
-                dir: parent,
-                name: name.to_vec(),
-                inode: inode.clone(),
-                mtime: Timespec::now(),
-            };
-            let (r, resent) = self.meta_resent(parent, op).await;
-            let e = match r {
-                Ok(Response::Inode(dir)) => return Ok((inode, Some(dir))),
-                Ok(other) => return Err(unexpected(&other)),
-                Err(e) if e.is(&ErrorCode::Exists) => e,
-                Err(e) => return Err(e),
-            };
-            // The name is taken or, rarely, the number: the entry tells which.
-            match self.lookup_entry(parent, name).await {
-                // Re-sent after the primary died: our own create, applied.
-                Ok(found) if resent && found.ino == ino => return Ok((inode, None)),
-                Err(nf) if nf.is(&ErrorCode::NotFound) && tries < 8 => tries += 1,
-                _ => return Err(e),
+            match self.name_new(parent, name, &inode).await? {
+                Named::Made(dir) => return Ok((inode, dir)),
+                Named::NumberTaken(_) if tries < 8 => tries += 1,
+                Named::NumberTaken(e) => return Err(e),
             }
+        }
+    }
+
+    /// Creates `inode` with its name in `parent` (`DirCreate`).
+    async fn name_new(&self, parent: Ino, name: &[u8], inode: &Inode) -> Result<Named> {
+        let op = Op::DirCreate {
+            dir: parent,
+            name: name.to_vec(),
+            inode: inode.clone(),
+            mtime: Timespec::now(),
+        };
+        let (r, resent) = self.meta_resent(parent, op).await;
+        let e = match r {
+            Ok(Response::Inode(dir)) => return Ok(Named::Made(Some(dir))),
+            Ok(other) => return Err(unexpected(&other)),
+            Err(e) if e.is(&ErrorCode::Exists) => e,
+            Err(e) => return Err(e),
+        };
+        // The name is taken or, rarely, the number: the entry tells which.
+        match self.lookup_entry(parent, name).await {
+            // Re-sent after the primary died: our own create, applied.
+            Ok(found) if resent && found.ino == inode.ino => Ok(Named::Made(None)),
+            Err(nf) if nf.is(&ErrorCode::NotFound) => Ok(Named::NumberTaken(e)),
+            _ => Err(e),
         }
     }
 
@@ -405,6 +423,45 @@ impl Client {
                 Ok((self.open_ino(entry.ino, opts).await?, None))
             }
             Err(e) => Err(e),
+        }
+    }
+
+    /// A file created ahead of its request: the open file, to hand out now, and the request
+    /// that makes it, giving what [`Self::create_in`] gives of `parent`. Only for a caller
+    /// that knows `name` is free in `parent` and stays free until the request is answered (a
+    /// mount that holds the directory's completeness promise, which the server recalls from
+    /// it before anyone else adds a name there); the file must not be used on the servers
+    /// before then.
+    pub fn create_ahead(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        opts: &OpenOptions,
+    ) -> Result<(
+        File,
+        impl Future<Output = Result<Option<Inode>>> + Send + 'static,
+    )> {
+        check_name(name)?;
+        let ino = new_ino(FileKind::File, parent, self.router.config().partitions);
+        let inode = self.new_inode(ino, FileKind::File, mode, parent, Vec::new(), true);
+        let (me, name, made) = (self.clone(), name.to_vec(), inode.clone());
+        let request = async move {
+            match me.name_new(parent, &name, &made).await? {
+                Named::Made(dir) => Ok(dir),
+                // Its number is handed out already: no other may be drawn.
+                Named::NumberTaken(e) => Err(e),
+            }
+        };
+        Ok((File::new(self.clone(), inode, opts), request))
+    }
+
+    /// Gives back `dir`'s completeness promise, which its server recalled (`Notice::Listing`):
+    /// every create answered ahead there is in.
+    pub async fn relinquish(&self, dir: Ino) -> Result<()> {
+        match self.meta(dir, Op::Relinquish { dir }).await? {
+            Response::Ok => Ok(()),
+            other => Err(unexpected(&other)),
         }
     }
 

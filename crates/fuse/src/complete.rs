@@ -9,18 +9,31 @@
 //! table change) and when the names kept reach [`NAMES_MAX`]. It is recorded only if no such
 //! notice came while it was being made ([`Complete::cuts`]): one may concern it already.
 //!
+//! Where it knows every name, the mount answers a create before the server has it (the
+//! request goes out right after, see `TesseraFs::create`): the server recalls the promise
+//! before anyone else adds a name or removes the directory, and the mount gives it back
+//! (`Op::Relinquish`) only once those creates are in ([`Complete::settle`]). Until then every
+//! other request about the directory or the new file waits for them too.
+//!
 //! An absent name answered here is not cached by the kernel (no promise covers the name on
 //! its own once the directory's is used up), so the next look-up comes here again.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use tessera_client::{Name, Notice};
 
 /// Names (and directories) kept at most, about 100 bytes each.
 const NAMES_MAX: usize = 1 << 18;
 
 #[derive(Default)]
-pub(crate) struct Complete(Mutex<Dirs>);
+pub(crate) struct Complete {
+    dirs: Mutex<Dirs>,
+    /// Signalled when creates answered ahead are in.
+    landed: Condvar,
+    /// Creates answered ahead and not yet in: the fast way to see there are none.
+    in_flight: AtomicUsize,
+}
 
 #[derive(Default)]
 struct Dirs {
@@ -29,14 +42,19 @@ struct Dirs {
     /// Notices that ended completeness so far.
     cuts: u64,
     max: usize,
+    /// Creates answered ahead and not yet in, by directory and by new inode.
+    ahead: HashMap<u64, usize>,
 }
 
 impl Complete {
     fn with_max(max: usize) -> Self {
-        Self(Mutex::new(Dirs {
-            max,
-            ..Dirs::default()
-        }))
+        Self {
+            dirs: Mutex::new(Dirs {
+                max,
+                ..Dirs::default()
+            }),
+            ..Self::default()
+        }
     }
 
     pub(crate) fn new() -> Self {
@@ -44,7 +62,7 @@ impl Complete {
     }
 
     fn dirs(&self) -> MutexGuard<'_, Dirs> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.dirs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Note it before making a directory, to pass to [`Self::made`].
@@ -78,6 +96,58 @@ impl Complete {
             d.kept -= names.len() + 1;
             d.names.remove(&dir);
         }
+    }
+
+    /// If `name` is certainly absent from `dir`, records it as being added there by a create
+    /// answered ahead, of inode `ino`: true. [`Self::landed`] must follow.
+    pub(crate) fn ahead(&self, dir: u64, name: &[u8], ino: u64) -> bool {
+        let d = &mut *self.dirs();
+        let Some(names) = d.names.get_mut(&dir) else {
+            return false;
+        };
+        if d.kept >= d.max || names.contains(name) {
+            return false;
+        }
+        names.insert(name.to_vec());
+        d.kept += 1;
+        for key in [dir, ino] {
+            *d.ahead.entry(key).or_default() += 1;
+        }
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        true
+    }
+
+    /// The create of `ino` in `dir` answered ahead is in, or failed.
+    pub(crate) fn landed(&self, dir: u64, ino: u64) {
+        let mut d = self.dirs();
+        for key in [dir, ino] {
+            if let Some(n) = d.ahead.get_mut(&key) {
+                *n -= 1;
+                if *n == 0 {
+                    d.ahead.remove(&key);
+                }
+            }
+        }
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        drop(d);
+        self.landed.notify_all();
+    }
+
+    /// Blocks while creates answered ahead in directory `ino`, or of inode `ino`, are on their
+    /// way.
+    pub(crate) fn settle(&self, ino: u64) {
+        if self.in_flight.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let mut d = self.dirs();
+        while d.ahead.contains_key(&ino) {
+            d = self.landed.wait(d).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Are creates answered ahead in directory or of inode `ino` on their way?
+    pub(crate) fn unsettled(&self, ino: u64) -> bool {
+        self.in_flight.load(Ordering::SeqCst) > 0 && self.dirs().ahead.contains_key(&ino)
     }
 
     /// Is `name` certainly absent from `dir`?
@@ -128,6 +198,31 @@ mod tests {
         c.heard(&Notice::Listing { dir: 7 });
         assert!(!c.absent(7, b"y"));
         assert_eq!(c.dirs().kept, 0);
+    }
+
+    /// A create answered ahead takes its name at once; requests about the directory or the
+    /// new inode wait until it lands, and a recall ends further ones (not those in flight).
+    #[test]
+    fn creates_ahead_hold_their_directory_and_inode_until_they_land() {
+        let c = std::sync::Arc::new(Complete::new());
+        assert!(!c.ahead(7, b"x", 70), "only where every name is known");
+        c.made(c.cuts(), 7);
+        assert!(c.ahead(7, b"x", 70));
+        assert!(!c.ahead(7, b"x", 71), "the name is taken");
+        assert!(c.unsettled(7) && c.unsettled(70) && !c.unsettled(8));
+        c.heard(&Notice::Listing { dir: 7 });
+        assert!(!c.ahead(7, b"y", 72), "recalled: no more ahead");
+        assert!(c.unsettled(7), "the one in flight still counts");
+        let waiter = {
+            let c = c.clone();
+            std::thread::spawn(move || c.settle(7))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!waiter.is_finished());
+        c.landed(7, 70);
+        waiter.join().unwrap();
+        assert!(!c.unsettled(7) && !c.unsettled(70));
+        c.settle(70);
     }
 
     #[test]

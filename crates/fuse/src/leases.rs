@@ -43,7 +43,13 @@ pub(crate) enum Key {
     Entry(u64, Name),
 }
 
+/// What the mount does when a directory's completeness is recalled.
+type OnRecall = Box<dyn Fn(u64) + Send + Sync>;
+
 pub(crate) struct Leases {
+    /// To the invalidator.
+    tx: Mutex<mpsc::Sender<Notice>>,
+    recalled: OnceLock<OnRecall>,
     heard: AtomicU64,
     gate: RwLock<()>,
     held: Mutex<Held>,
@@ -69,23 +75,47 @@ impl Leases {
         notifier: Arc<OnceLock<fuser::Notifier>>,
         lease: Duration,
     ) -> std::io::Result<(Arc<Self>, NoticeSink)> {
-        let leases = Arc::new(Self::new(lease, HELD_MAX));
         let (tx, rx) = mpsc::channel::<Notice>();
+        let leases = Arc::new(Self::new(lease, HELD_MAX, tx));
         let l = leases.clone();
         std::thread::Builder::new()
             .name("tessera-inval".into())
             .spawn(move || l.invalidate(&rx, &notifier))?;
         let heard = leases.clone();
-        let sink = NoticeSink::new(move |n| {
-            heard.complete.heard(&n);
-            heard.heard.fetch_add(1, Ordering::SeqCst);
-            let _ = tx.send(n);
-        });
+        let sink = NoticeSink::new(move |n| heard.hear(n));
         Ok((leases, sink))
     }
 
-    fn new(lease: Duration, max: usize) -> Self {
+    /// What to do when a server recalls a directory's completeness (`Notice::Listing`): give
+    /// it back once the creates answered ahead there are in. Set once, by the mount.
+    pub fn on_recall(&self, f: impl Fn(u64) + Send + Sync + 'static) {
+        let _ = self.recalled.set(Box::new(f));
+    }
+
+    /// A notice, from a server or from the mount itself; never blocks.
+    fn hear(&self, n: Notice) {
+        self.complete.heard(&n);
+        self.heard.fetch_add(1, Ordering::SeqCst);
+        let _ = self
+            .tx
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .send(n);
+    }
+
+    /// A create answered ahead failed: `name` in `dir` is not there after all. What the
+    /// kernel keeps of it goes, and so does the directory's completeness (given back: the
+    /// names this mount knows there are no longer all true).
+    pub fn unmade(&self, dir: u64, name: Name, ino: u64) {
+        self.hear(Notice::Listing { dir });
+        self.hear(Notice::Entry { dir, name });
+        self.hear(Notice::Attr { ino });
+    }
+
+    fn new(lease: Duration, max: usize, tx: mpsc::Sender<Notice>) -> Self {
         Self {
+            tx: Mutex::new(tx),
+            recalled: OnceLock::new(),
             heard: AtomicU64::new(0),
             gate: RwLock::new(()),
             held: Mutex::default(),
@@ -146,7 +176,12 @@ impl Leases {
                         Notice::Attr { ino } => Key::Attr(ino),
                         Notice::Entry { dir, name } => Key::Entry(dir, name),
                         // Names the mount answered absent itself are not in the kernel.
-                        Notice::Listing { .. } => continue,
+                        Notice::Listing { dir } => {
+                            if let Some(give_back) = self.recalled.get() {
+                                give_back(dir);
+                            }
+                            continue;
+                        }
                         Notice::Reset => {
                             drop_now.extend(held.keys.drain().map(|(k, _)| k));
                             continue;
@@ -177,7 +212,7 @@ mod tests {
     #[test]
     fn a_full_list_forgets_expired_grants_and_refuses_fresh_ones() {
         let lease = Duration::from_secs(1);
-        let l = Leases::new(lease, 2);
+        let l = Leases::new(lease, 2, mpsc::channel().0);
         let since = l.heard();
         assert!(l.grant(since, vec![Key::Attr(1), Key::Attr(2)]).is_some());
         assert!(

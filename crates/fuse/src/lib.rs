@@ -37,7 +37,7 @@ use std::ffi::OsStr;
 use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 use tessera_client::{
@@ -112,6 +112,19 @@ pub fn mount(
     } else {
         let (leases, sink) = Leases::start(notifier.clone(), opts.lease)?;
         client.subscribe(sink).map_err(std::io::Error::other)?;
+        let (held, client, rt) = (Arc::downgrade(&leases), client.clone(), rt.clone());
+        leases.on_recall(move |dir| {
+            let (held, client) = (held.clone(), client.clone());
+            rt.spawn(async move {
+                let Some(l) = held.upgrade() else { return };
+                if l.complete.unsettled(dir) {
+                    let _ = tokio::task::spawn_blocking(move || l.complete.settle(dir)).await;
+                }
+                if let Err(e) = client.relinquish(dir).await {
+                    tracing::warn!(dir, "giving back a directory's completeness: {e}");
+                }
+            });
+        });
         Some(leases)
     };
     let fs = TesseraFs(Arc::new(Fs {
@@ -230,6 +243,9 @@ struct OpenFile {
     unpublished: AtomicU64,
     /// Another handle of this mount changed the file: what this one read ahead may be old.
     stale: AtomicBool,
+    /// The errno of its create, answered ahead, that then failed (0: none): the file is not
+    /// on the servers, and every further request through the handle fails with it.
+    unmade: AtomicI32,
 }
 
 struct TesseraFs(Arc<Fs>);
@@ -491,6 +507,69 @@ impl Fs {
         self.leases.as_ref().map(|l| &l.complete)
     }
 
+    /// Waits for the creates answered ahead in, or of, these inodes (`Complete::settle`):
+    /// until they are in, the servers know nothing of them.
+    fn await_ahead(&self, inos: &[u64]) {
+        if let Some(c) = self.complete() {
+            for &ino in inos {
+                c.settle(ino);
+            }
+        }
+    }
+
+    /// Why handle `fh`'s file does not exist, if its create answered ahead failed.
+    fn unmade(&self, fh: FileHandle) -> Option<Errno> {
+        let e = self.file(fh)?.unmade.load(Ordering::Acquire);
+        (e != 0).then(|| Errno::from_i32(e))
+    }
+
+    /// Answers a create ahead (`Complete::ahead`), then sends its request on this worker's
+    /// lane: the kernel's next request for the file, the close's FLUSH, which waits for it,
+    /// meanwhile comes in. One round trip to a server per create is off the application's path.
+    fn create_ahead(
+        &self,
+        parent: u64,
+        name: Name,
+        (f, request): (
+            File,
+            impl Future<Output = tessera_client::Result<Option<Inode>>>,
+        ),
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let since = self.since();
+        self.keep_pages(&f.attr());
+        let attr = self.attr(&f.attr());
+        let ino = f.ino();
+        let fh = self.keep(f, flags);
+        let open = self.open_flags(flags);
+        let keys = || vec![Key::Entry(parent, name.clone()), Key::Attr(ino)];
+        self.with_ttl(since, keys, |ttl| {
+            reply.created(ttl, &attr, Generation(0), fh, open);
+        });
+        match self.here(request) {
+            Ok(dir) => self.dir_changed(parent, dir),
+            Err(e) => {
+                tracing::warn!(parent, ino, "a create answered ahead failed: {e}");
+                // What close(2) and fsync(2) say: the file was not kept (EIO), unless for
+                // want of room.
+                let why = match errno(&e) {
+                    Errno::ENOSPC => Errno::ENOSPC,
+                    _ => Errno::EIO,
+                };
+                if let Some(h) = self.file(fh) {
+                    h.unmade.store(why.code(), Ordering::Release);
+                }
+                if let Some(l) = &self.leases {
+                    l.unmade(parent, name, ino);
+                }
+            }
+        }
+        if let Some(c) = self.complete() {
+            c.landed(parent, ino);
+        }
+    }
+
     /// This mount is about to add `name` to `dir`: called before the request goes out, so
     /// that no look-up meanwhile is answered "absent" without asking.
     fn adding(&self, dir: INodeNo, name: &[u8]) {
@@ -697,6 +776,7 @@ impl Fs {
             direct: self.open_flags(flags).contains(FopenFlags::FOPEN_DIRECT_IO),
             unpublished: AtomicU64::new(0),
             stale: AtomicBool::new(false),
+            unmade: AtomicI32::new(0),
         };
         self.files().insert(fh, ino, handle);
         FileHandle(fh)
@@ -840,6 +920,7 @@ impl Filesystem for TesseraFs {
         if name.len() <= NAME_MAX && self.0.complete().is_some_and(|c| c.absent(parent.0, &name)) {
             return reply.error(Errno::ENOENT);
         }
+        self.0.await_ahead(&[parent.0]);
         self.serve(move |fs| async move {
             let since = fs.since();
             let r = fs.client.lookup(parent.0, &name).await;
@@ -849,6 +930,7 @@ impl Filesystem for TesseraFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.0.await_ahead(&[ino.0]);
         if let Some(dir) = self.0.changed_dir(ino.0) {
             return self.0.attr_reply(reply, Ok(dir), None);
         }
@@ -881,6 +963,7 @@ impl Filesystem for TesseraFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        self.0.await_ahead(&[ino.0]);
         let mut attr = SetAttr {
             mode: mode.map(|m| m & 0o7777),
             uid,
@@ -935,6 +1018,7 @@ impl Filesystem for TesseraFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        self.0.await_ahead(&[parent.0]);
         let special = match mode & libc::S_IFMT {
             libc::S_IFREG => None,
             libc::S_IFIFO => Some(FileKind::Fifo),
@@ -977,6 +1061,7 @@ impl Filesystem for TesseraFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        self.0.await_ahead(&[parent.0]);
         let (name, client) = (self::name(name), self.0.caller(req));
         self.0.adding(parent, &name);
         self.serve(move |fs| async move {
@@ -991,6 +1076,7 @@ impl Filesystem for TesseraFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.0.await_ahead(&[parent.0]);
         let name = self::name(name);
         self.serve(move |fs| async move {
             match fs.client.unlink_in(parent.0, &name).await {
@@ -1007,6 +1093,7 @@ impl Filesystem for TesseraFs {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.0.await_ahead(&[parent.0]);
         let name = self::name(name);
         self.serve(move |fs| async move {
             let r = fs.client.rmdir(parent.0, &name).await;
@@ -1023,6 +1110,7 @@ impl Filesystem for TesseraFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        self.0.await_ahead(&[parent.0]);
         let (name, client) = (self::name(name), self.0.caller(req));
         let target = target.as_os_str().as_bytes().to_vec();
         self.0.adding(parent, &name);
@@ -1043,6 +1131,7 @@ impl Filesystem for TesseraFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        self.0.await_ahead(&[parent.0, newparent.0]);
         if flags.contains(RenameFlags::RENAME_EXCHANGE) {
             return reply.error(Errno::EINVAL); // not supported (docs/SEMANTICS.md)
         }
@@ -1075,6 +1164,7 @@ impl Filesystem for TesseraFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        self.0.await_ahead(&[ino.0, newparent.0]);
         let newname = self::name(newname);
         self.0.adding(newparent, &newname);
         self.serve(move |fs| async move {
@@ -1085,6 +1175,7 @@ impl Filesystem for TesseraFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.0.await_ahead(&[ino.0]);
         self.serve(move |fs| async move {
             match fs.client.open_ino(ino.0, &open_options(flags.0, 0)).await {
                 // No name leads to it any more, and no descriptor here holds it: the kernel's
@@ -1132,10 +1223,33 @@ impl Filesystem for TesseraFs {
         let (name, client) = (self::name(name), self.0.caller(req));
         let exclusive = flags & libc::O_EXCL != 0;
         let mode = mode & !umask;
+        // Its request is then made on this worker, so only while half the workers are free,
+        // as `serve` does (see there).
+        let inline = &self.0.inline;
+        let worker_free = inline.fetch_add(1, Ordering::AcqRel) < self.0.opts.threads / 2;
+        let opts = open_options(flags, mode);
+        let ahead = (self.0.complete())
+            .filter(|c| worker_free && c.absent(parent.0, &name))
+            .map(|c| (c, client.create_ahead(parent.0, &name, mode, &opts)));
+        match ahead {
+            Some((_, Err(e))) => {
+                inline.fetch_sub(1, Ordering::AcqRel);
+                return reply.error(errno(&e));
+            }
+            Some((c, Ok(made))) if c.ahead(parent.0, &name, made.0.ino()) => {
+                self.0.create_ahead(parent.0, name, made, flags, reply);
+                inline.fetch_sub(1, Ordering::AcqRel);
+                return;
+            }
+            // The directory's promise was recalled meanwhile: ask the server.
+            Some((_, Ok((mut f, _)))) => f.abandon(),
+            None => {}
+        }
+        inline.fetch_sub(1, Ordering::AcqRel);
+        self.0.await_ahead(&[parent.0]);
         self.0.adding(parent, &name);
         self.serve(move |fs| async move {
             let since = fs.since();
-            let opts = open_options(flags, mode);
             match client
                 .create_in(parent.0, &name, mode, exclusive, &opts)
                 .await
@@ -1159,7 +1273,7 @@ impl Filesystem for TesseraFs {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -1167,6 +1281,10 @@ impl Filesystem for TesseraFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.0.await_ahead(&[ino.0]);
+        if let Some(e) = self.0.unmade(fh) {
+            return reply.error(e);
+        }
         self.serve(move |fs| async move {
             let Some(h) = fs.file(fh) else {
                 return reply.error(Errno::EBADF);
@@ -1189,7 +1307,7 @@ impl Filesystem for TesseraFs {
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
@@ -1198,6 +1316,10 @@ impl Filesystem for TesseraFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.0.await_ahead(&[ino.0]);
+        if let Some(e) = self.0.unmade(fh) {
+            return reply.error(e);
+        }
         let Some(h) = self.0.file(fh) else {
             return reply.error(Errno::EBADF);
         };
@@ -1236,11 +1358,15 @@ impl Filesystem for TesseraFs {
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        self.0.await_ahead(&[ino.0]);
+        if let Some(e) = self.0.unmade(fh) {
+            return reply.error(e);
+        }
         // Every close(2) sends one. With nothing written since the last publish it has nothing
         // to wait for: answered here, without the hop to the runtime.
         if let Some(h) = self.0.file(fh) {
@@ -1260,29 +1386,40 @@ impl Filesystem for TesseraFs {
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.0.await_ahead(&[ino.0]);
+        if let Some(e) = self.0.unmade(fh) {
+            return reply.error(e);
+        }
         self.serve(move |fs| async move { fs.flush_handle(fh, reply).await });
     }
 
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.0.await_ahead(&[ino.0]);
         let Some(h) = self.0.files().remove(fh.0) else {
             return reply.error(Errno::EBADF);
         };
         // close(2) returned at the FLUSH, and the kernel does not wait for this answer.
         reply.ok();
+        if h.unmade.load(Ordering::Acquire) != 0 {
+            if let Ok(mut f) = h.file.try_lock() {
+                f.abandon();
+            }
+            return;
+        }
         let first = {
             let queued = &mut self.0.closing().queued;
             queued.push(h);
@@ -1333,13 +1470,17 @@ impl Filesystem for TesseraFs {
     fn fallocate(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         length: u64,
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        self.0.await_ahead(&[ino.0]);
+        if let Some(e) = self.0.unmade(fh) {
+            return reply.error(e);
+        }
         if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
             return reply.error(Errno::EOPNOTSUPP);
         }
@@ -1366,6 +1507,7 @@ impl Filesystem for TesseraFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.0.await_ahead(&[ino.0]);
         self.spawn(move |fs| async move {
             let r = async {
                 let dir = fs.client.getattr(ino.0).await?;

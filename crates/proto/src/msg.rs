@@ -10,6 +10,9 @@ pub use tessera_placement::{Epoch, Ino, NodeId, PartitionId, PartitionTable};
 pub type Name = Vec<u8>;
 /// Longest name component, as on Linux.
 pub const NAME_MAX: usize = 255;
+/// How long a change waits for the holder of a directory's completeness promise to give it
+/// back (`Notice::Listing`, `Op::Relinquish`) before it goes ahead anyway.
+pub const RECALL_PATIENCE: Duration = Duration::from_secs(2);
 /// Largest number of entries a server returns for one [`Op::DirList`].
 pub const DIR_PAGE_MAX: u32 = 1024;
 /// Inodes carried in one page of a listing, at most this many bytes of them (symlink targets
@@ -281,6 +284,10 @@ pub enum Op {
     },
     /// Reply: `Stats`.
     NodeStats,
+    /// From the holder of directory `dir`'s completeness promise, answering the `Listing`
+    /// notice that recalled it: every create it answered early there is in. The server lets
+    /// the change that recalled the promise go ahead. Reply: `Ok`.
+    Relinquish { dir: Ino },
     /// Sent by `node`, which is receiving `partition`, to the partition's primary: the next
     /// page of the changes since the previous round (round 0: everything). Page 0 of a round
     /// takes a new snapshot of the partition; `from` pages through it. With `fence`, the
@@ -390,8 +397,10 @@ pub enum Notice {
     /// it did not exist) it now exists.
     Entry { dir: Ino, name: Name },
     /// Directory `dir`, which this connection made (`InodeCreate`) and was promised to hear of
-    /// any name another adds to it, got such a name, was removed, or the promise could not be
-    /// kept: the names this connection knows of are no longer all there are.
+    /// any name another adds to it, is about to get such a name or be removed, or the promise
+    /// could not be kept: the names this connection knows of are no longer all there are.
+    /// Another's change waits for the answer, `Op::Relinquish`, until the holder's creates
+    /// there are in (or [`RECALL_PATIENCE`] passes).
     Listing { dir: Ino },
     /// Forget every answer from this server: it could not keep track (its queue to this
     /// connection overflowed). A client also tells itself this when a connection ends or the

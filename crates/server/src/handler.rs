@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use tessera_placement::{meta_partition, stripe_partition, Epoch, Ino, NodeId, PartitionId};
 use tessera_proto::{
     BufferPool, ClusterConfig, Conn, ErrorCode, Handler, NodeStats, Notice, Op, Reply, Request,
-    Response, RpcConfig, TableInfo, Watcher,
+    Response, RpcConfig, TableInfo, Watcher, RECALL_PATIENCE,
 };
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
@@ -75,6 +75,8 @@ pub struct NodeHandler {
     meta_locks: Vec<tokio::sync::Mutex<()>>,
     /// Callback promises made to subscribed connections, per partition.
     watches: Watches,
+    /// Woken when a holder gives a directory's completeness back (`Op::Relinquish`).
+    relinquished: Notify,
     sessions: Mutex<HashMap<(PartitionId, NodeId), Session>>,
     /// Deleted files whose stripes are still to be dropped ([`crate::purge`]).
     pub(crate) purge: purge::Queue,
@@ -87,6 +89,9 @@ pub struct NodeHandler {
 }
 
 type Answer = (Response, Bytes);
+
+/// How often a change waiting for a recalled promise looks whether its holders are gone.
+const RECALL_POLL: Duration = Duration::from_millis(50);
 
 fn err(e: ErrorCode) -> Answer {
     (Response::Error(e), Bytes::new())
@@ -137,6 +142,7 @@ impl NodeHandler {
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
             watches: Watches::new(config.partitions, watch::MAX_PROMISES),
+            relinquished: Notify::new(),
             sessions: Mutex::default(),
             purge: purge::Queue::default(),
             fences: Mutex::default(),
@@ -311,7 +317,8 @@ impl NodeHandler {
             | Op::DirList { dir, .. }
             | Op::DirRename { dir, .. }
             | Op::DirDestroy { dir }
-            | Op::DirCreate { dir, .. } => Some(meta_partition(*dir, p)),
+            | Op::DirCreate { dir, .. }
+            | Op::Relinquish { dir } => Some(meta_partition(*dir, p)),
             Op::SyncPull { partition, .. } => Some(*partition),
             Op::TruncateStripes { .. } | Op::DropFiles { .. } | Op::NodeStats => None,
         }
@@ -370,6 +377,27 @@ impl NodeHandler {
             return now(err(e));
         }
         let p = part.unwrap_or(0);
+        if let Op::Relinquish { dir } = op {
+            if let (Some(w), Some(mut locked)) = (from, self.watches.lock(p)) {
+                locked.relinquish(dir, w);
+            }
+            self.relinquished.notify_waiters();
+            return now(ok());
+        }
+        let recalled = match (watch::recalls(&op), self.watches.lock(p)) {
+            (Some(dir), Some(mut locked)) => Some(dir).zip(Some(locked.recall(&op, from))),
+            _ => None,
+        };
+        if let Some((dir, holders)) = recalled.filter(|(_, h)| !h.is_empty()) {
+            let (h, from) = (self.clone(), from.cloned());
+            return Reply::Detached(Box::pin(async move {
+                h.await_relinquish(p, dir, &holders).await;
+                match h.serve(from.as_ref(), epoch, op, payload) {
+                    Reply::Now(resp, payload) => (resp, payload),
+                    Reply::Later(answer) | Reply::Detached(answer) => answer.await,
+                }
+            }));
+        }
         if is_meta_change(&op) && t.info.table.replicas(p).len() > 1 {
             if t.info.table.primary(p) != Some(self.node) {
                 return now(err(stale(t.info.table.epoch())));
@@ -389,6 +417,40 @@ impl NodeHandler {
             }));
         }
         now(self.apply_promised(from, &t.held, p, op, payload))
+    }
+
+    /// Waits until the `holders` of `dir`'s completeness gave it back or are gone, at most
+    /// `RECALL_PATIENCE`; past that, takes it from them (a holder that does not answer is
+    /// hung or cut off, and its late creates there may then find their names taken).
+    async fn await_relinquish(&self, p: PartitionId, dir: Ino, holders: &[Watcher]) {
+        let deadline = Instant::now() + RECALL_PATIENCE;
+        loop {
+            let given_back = self.relinquished.notified();
+            tokio::pin!(given_back);
+            given_back.as_mut().enable();
+            let waiting = {
+                let Some(mut locked) = self.watches.lock(p) else {
+                    return;
+                };
+                let held = locked.still_held(dir, holders);
+                if held && Instant::now() >= deadline {
+                    warn!(
+                        dir,
+                        "a directory's completeness was not given back in time: taken"
+                    );
+                    for w in holders {
+                        locked.relinquish(dir, w);
+                    }
+                    return;
+                }
+                held
+            };
+            if !waiting {
+                return;
+            }
+            // Also wakes now and then: a holder's connection may end without a word.
+            let _ = tokio::time::timeout(RECALL_POLL, given_back).await;
+        }
     }
 
     /// A metadata change at the primary: the mirrors first, then here.
@@ -663,6 +725,9 @@ impl NodeHandler {
                 inode.ino
             ))),
             Op::NodeStats => Ok((Response::Stats(self.stats()), Bytes::new())),
+            Op::Relinquish { .. } => Err(ErrorCode::Invalid(
+                "a relinquished promise is answered where it is held, not applied".into(),
+            )),
             Op::SyncPull { .. } => Err(ErrorCode::Invalid("a sync pull is not applied".into())),
         };
         result.unwrap_or_else(err)

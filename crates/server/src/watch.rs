@@ -196,6 +196,19 @@ pub fn broken(op: &Op, resp: &Response) -> Vec<Broken> {
     }
 }
 
+/// The directory a change adds a name to or removes, whose completeness promise it breaks:
+/// the change waits for its holders ([`Locked::recall`]).
+#[must_use]
+pub fn recalls(op: &Op) -> Option<Ino> {
+    match op {
+        Op::DirInsert { dir, .. }
+        | Op::DirCreate { dir, .. }
+        | Op::DirRename { dir, .. }
+        | Op::DirDestroy { dir } => Some(*dir),
+        _ => None,
+    }
+}
+
 /// Must the connection that made this change be told of it too? An extent published at a
 /// close may leave a size other than the writer's (N-to-1: the largest extent wins) and sets
 /// the time; every other change is one its kernel applied itself.
@@ -369,6 +382,52 @@ impl Locked<'_> {
                 }
             }
         }
+    }
+
+    /// `op` is about to add a name to, or remove, a directory whose completeness others than
+    /// `origin` hold: recalls it from them (`Listing`) and returns them, for the change to wait
+    /// until they give it back ([`Self::relinquish`]) or are gone. A holder may have answered
+    /// creates there that are still on their way here; one of them may carry the same name.
+    pub fn recall(&mut self, op: &Op, origin: Option<&Watcher>) -> Vec<Watcher> {
+        let Some(dir) = recalls(op) else {
+            return Vec::new();
+        };
+        let Some(holders) = self.part.complete.get_mut(&dir) else {
+            return Vec::new();
+        };
+        prune(holders, self.kept);
+        let out: Vec<Watcher> = holders
+            .iter()
+            .filter(|h| origin.is_none_or(|o| o.id() != h.id()))
+            .cloned()
+            .collect();
+        for h in &out {
+            h.notify(Notice::Listing { dir });
+        }
+        out
+    }
+
+    /// `w` gave back `dir`'s completeness (or is taken to have: `RECALL_PATIENCE` passed).
+    pub fn relinquish(&mut self, dir: Ino, w: &Watcher) {
+        if let Some(holders) = self.part.complete.get_mut(&dir) {
+            let before = holders.len();
+            holders.retain(|h| h.id() != w.id());
+            self.kept
+                .fetch_sub(before - holders.len(), Ordering::Relaxed);
+            if holders.is_empty() {
+                self.part.complete.remove(&dir);
+            }
+        }
+    }
+
+    /// Does any of `recalled` still hold `dir`'s completeness?
+    #[must_use]
+    pub fn still_held(&self, dir: Ino, recalled: &[Watcher]) -> bool {
+        self.part.complete.get(&dir).is_some_and(|holders| {
+            holders
+                .iter()
+                .any(|h| !h.is_gone() && recalled.iter().any(|r| r.id() == h.id()))
+        })
     }
 
     /// This node is no longer the partition's primary: tells every holder of a promise here

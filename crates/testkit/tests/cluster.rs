@@ -6,7 +6,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use std::time::{Duration, Instant};
-use tessera_client::{Client, ClientOptions, Lane, Notice, NoticeSink, OpenOptions, SetAttr};
+use tessera_client::{
+    Client, ClientOptions, Lane, Notice, NoticeSink, OpenOptions, SetAttr, RECALL_PATIENCE,
+};
 use tessera_testkit::{digest, pattern, Cluster, ClusterSpec, Worker};
 
 const MIB: u64 = 1 << 20;
@@ -513,8 +515,8 @@ async fn random_reads_on_a_lane_read_the_file() -> Result<()> {
 }
 
 /// A directory a subscribed client made is promised complete: the names it adds itself tell
-/// it nothing, the first name another client adds ends the promise (`Notice::Listing`), and
-/// so does the directory's removal.
+/// it nothing, the first name another client adds recalls the promise (`Notice::Listing`)
+/// and waits until it is given back (`relinquish`), and so does the directory's removal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_directory_made_is_complete_until_another_client_adds_a_name() -> Result<()> {
     let cluster = tokio::task::spawn_blocking(|| Cluster::start(&ClusterSpec::default())).await??;
@@ -530,8 +532,28 @@ async fn a_directory_made_is_complete_until_another_client_adds_a_name() -> Resu
     };
     other.setattr(dir, chmod).await?;
     hear(&heard, |n| *n == Notice::Attr { ino: dir }, listing);
-    other.symlink_path("t", "/made/theirs").await?;
+    let theirs = tokio::spawn({
+        let other = other.clone();
+        async move { other.symlink_path("t", "/made/theirs").await }
+    });
     hear(&heard, listing, |_| false);
+    // The holder may have answered creates there that are still on their way: the other
+    // client's name waits for the promise to come back.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!theirs.is_finished(), "added before the promise came back");
+    watcher.relinquish(dir).await?;
+    theirs.await??;
+    assert!(watcher.lookup(dir, b"theirs").await.is_ok());
+
+    // A holder that never gives it back is waited for only so long.
+    let hung = watcher.mkdir(ROOT, b"hung", 0o755).await?.ino;
+    let started = Instant::now();
+    other.symlink_path("t", "/hung/theirs").await?;
+    assert!(
+        started.elapsed() >= RECALL_PATIENCE / 2,
+        "the holder was not waited for"
+    );
+    hear(&heard, |n| *n == Notice::Listing { dir: hung }, |_| false);
 
     let gone = watcher.mkdir(ROOT, b"gone", 0o755).await?.ino;
     watcher.rmdir(ROOT, b"gone").await?;

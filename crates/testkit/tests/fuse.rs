@@ -136,6 +136,64 @@ fn posix_operations_through_two_mounts() -> Result<()> {
     Ok(())
 }
 
+/// Creates answered ahead (mount A made the directories, so it knows every name there) race
+/// another mount's exclusive creates of the same names: each name has exactly one winner, and
+/// no create that an open reported done fails afterwards (the server recalls A's promise and
+/// waits for A's creates before B's). What both read back is the winner's.
+#[test]
+fn exclusive_creates_race_across_mounts_with_one_winner_each() -> Result<()> {
+    const DIRS: usize = 12;
+    const NAMES: usize = 40;
+    let cluster = Cluster::start(&ClusterSpec::default())?;
+    let base = tempfile_dir()?.join("race");
+    let a = cluster.mount(&base.join("a"), &[])?;
+    let b = cluster.mount(&base.join("b"), &[])?;
+    for d in 0..DIRS {
+        fs::create_dir(a.dir.join(format!("d{d}")))?;
+    }
+    let race = |root: std::path::PathBuf, me: u8| {
+        std::thread::spawn(move || -> Result<Vec<bool>> {
+            let mut won = Vec::new();
+            for d in 0..DIRS {
+                for n in 0..NAMES {
+                    let path = root.join(format!("d{d}/n{n}"));
+                    match OpenOptions::new().write(true).create_new(true).open(&path) {
+                        Ok(mut f) => {
+                            f.write_all(&[me])?;
+                            // Fails if the create did not in fact happen.
+                            f.sync_all()?;
+                            won.push(true);
+                        }
+                        Err(e) if e.kind() == ErrorKind::AlreadyExists => won.push(false),
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            Ok(won)
+        })
+    };
+    let (ta, tb) = (race(a.dir.clone(), b'a'), race(b.dir.clone(), b'b'));
+    let join = |t: std::thread::JoinHandle<Result<Vec<bool>>>| {
+        t.join().map_err(|_| anyhow::anyhow!("a racer panicked"))?
+    };
+    let (won_a, won_b) = (join(ta)?, join(tb)?);
+    for (i, (wa, wb)) in won_a.iter().zip(&won_b).enumerate() {
+        assert!(
+            wa != wb,
+            "name {i}: exactly one mount creates it ({wa}, {wb})"
+        );
+        let name = format!("d{}/n{}", i / NAMES, i % NAMES);
+        let winner = if *wa { b'a' } else { b'b' };
+        assert_eq!(fs::read(a.dir.join(&name))?, [winner], "{name} on a");
+        assert_eq!(fs::read(b.dir.join(&name))?, [winner], "{name} on b");
+    }
+    assert!(
+        won_a.iter().any(|w| *w),
+        "the mount that made the directories created some names"
+    );
+    Ok(())
+}
+
 fn statvfs(p: &std::path::Path) -> Result<(u64, u64)> {
     let c = std::ffi::CString::new(p.as_os_str().to_string_lossy().as_bytes())?;
     // SAFETY: a valid path and a zeroed out-struct.
