@@ -227,6 +227,19 @@ impl File {
         Ok(data.len())
     }
 
+    /// Would `write_at(offset, ..)` of `len` bytes stay in this handle's buffer, sending
+    /// nothing? Such a write needs nothing of the servers: not even the file's inode there.
+    #[must_use]
+    pub fn buffers(&self, offset: u64, len: usize) -> bool {
+        let at = if self.append { self.size } else { offset };
+        let within = at % self.stripe;
+        within.saturating_add(len as u64) < self.stripe
+            && match &self.pending {
+                None => true,
+                Some((start, buf)) => start + buf.len() as u64 == at && within != 0,
+            }
+    }
+
     /// Queues the aggregation buffer as one stripe write to every replica; fails at once only
     /// if the stripe's partition is lost.
     async fn send_pending(&mut self) -> Result<()> {

@@ -430,8 +430,8 @@ impl Client {
     /// that makes it, giving what [`Self::create_in`] gives of `parent`. Only for a caller
     /// that knows `name` is free in `parent` and stays free until the request is answered (a
     /// mount that holds the directory's completeness promise, which the server recalls from
-    /// it before anyone else adds a name there); the file must not be used on the servers
-    /// before then.
+    /// it before anyone else adds a name there); until then, the file takes only writes that
+    /// stay in its buffer ([`File::buffers`]).
     pub fn create_ahead(
         &self,
         parent: Ino,

@@ -1316,7 +1316,6 @@ impl Filesystem for TesseraFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.0.await_ahead(&[ino.0]);
         if let Some(e) = self.0.unmade(fh) {
             return reply.error(e);
         }
@@ -1325,16 +1324,24 @@ impl Filesystem for TesseraFs {
         };
         let r = self.0.here(async {
             let mut f = h.file.lock().await;
-            let n = f.write_at(offset, data).await?;
+            // A small output's bytes wait in the handle until its close, and need not wait
+            // for its create answered ahead; what goes to the servers follows the inode there.
+            if h.sync || !f.buffers(offset, data.len()) {
+                self.0.await_ahead(&[ino.0]);
+                if let Some(e) = self.0.unmade(fh) {
+                    return Err(e);
+                }
+            }
+            let n = f.write_at(offset, data).await.map_err(|e| errno(&e))?;
             self.0.bytes_changed(h.ino, fh);
             if h.sync {
                 let r = f.flush().await;
                 self.0.settle(&mut f);
-                r?;
+                r.map_err(|e| errno(&e))?;
             } else {
                 h.unpublished.store(f.len(), Ordering::Relaxed);
             }
-            Ok::<_, Error>(n)
+            Ok::<_, Errno>(n)
         });
         // Not every kernel drops the pages it holds of what a direct write replaced; without
         // this, other handles (and opens keeping the cache) would read old bytes. Not for the
@@ -1350,7 +1357,7 @@ impl Filesystem for TesseraFs {
         }
         match r {
             Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(e),
         }
     }
 

@@ -631,3 +631,36 @@ async fn small_files_closed_on_a_lane_read_back_elsewhere() -> Result<()> {
     assert!(lane.connections() > 1, "the closes went out on the lane");
     Ok(())
 }
+
+/// A file created ahead of its request takes the writes that stay in its buffer before the
+/// request is in (`File::buffers`); they reach the servers at its close, after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_created_ahead_buffers_writes_until_it_is_made() -> Result<()> {
+    let cluster = tokio::task::spawn_blocking(|| Cluster::start(&ClusterSpec::default())).await??;
+    let opts = || ClientOptions::new(cluster.manager, &cluster.secret);
+    let (writer, reader) = (
+        Client::connect(opts()).await?,
+        Client::connect(opts()).await?,
+    );
+    let (mut f, made) = writer.create_ahead(ROOT, b"early", 0o644, &OpenOptions::create())?;
+    let head = pattern(1, 0, 100);
+    assert!(f.buffers(0, head.len()));
+    f.write_at(0, &head).await?;
+    assert!(f.buffers(100, 50), "a write that follows on stays");
+    assert!(!f.buffers(300, 10), "a gap sends what is buffered");
+    assert!(
+        !f.buffers(100, 64 << 20),
+        "a write to the stripe's end sends it"
+    );
+    assert!(
+        reader.lookup(ROOT, b"early").await.is_err(),
+        "made before its request"
+    );
+    made.await?;
+    f.write_at(100, b"tail").await?;
+    f.close().await?;
+    let mut want = head;
+    want.extend_from_slice(b"tail");
+    assert!(reader.read("/early").await?[..] == want[..]);
+    Ok(())
+}
