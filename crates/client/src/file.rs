@@ -240,6 +240,12 @@ impl File {
             }
     }
 
+    /// Forgets this file without a word to the servers: it never reached them (a create
+    /// answered ahead that failed, or was not sent). Its writes are dropped.
+    pub fn abandon(&mut self) {
+        self.closed = true;
+    }
+
     /// Queues the aggregation buffer as one stripe write to every replica; fails at once only
     /// if the stripe's partition is lost.
     async fn send_pending(&mut self) -> Result<()> {
@@ -714,14 +720,6 @@ impl File {
             Err(e) => Err(e),
         };
         flushed.and(released)
-    }
-}
-
-impl File {
-    /// Forgets this file without a word to the servers: it never reached them (a create
-    /// answered ahead that failed, or was not sent). Its writes are dropped.
-    pub fn abandon(&mut self) {
-        self.closed = true;
     }
 }
 

@@ -101,14 +101,6 @@ pub struct Usage {
 /// claimed with an exclusive create: unique without a central allocator. A directory's number
 /// hashes, so directories spread over all nodes; anything else is placed in its directory's
 /// partition (`placed_ino`), where its name is, so that create and lookup are one request each.
-/// What naming a new inode came to.
-enum Named {
-    /// Made; the directory's attributes after, when the server gave them.
-    Made(Option<Inode>),
-    /// The inode number was taken, not the name: another may be drawn.
-    NumberTaken(Error),
-}
-
 fn new_ino(kind: FileKind, parent: Ino, partitions: u32) -> Ino {
     if kind != FileKind::Dir {
         let p = meta_partition(parent, partitions);
@@ -121,6 +113,14 @@ fn new_ino(kind: FileKind, parent: Ino, partitions: u32) -> Ino {
             return ino;
         }
     }
+}
+
+/// What naming a new inode came to.
+enum Named {
+    /// Made; the directory's attributes after, when the server gave them.
+    Made(Option<Inode>),
+    /// The inode number was taken, not the name: another may be drawn.
+    NumberTaken(Error),
 }
 
 impl Client {

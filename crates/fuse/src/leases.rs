@@ -48,7 +48,7 @@ type OnRecall = Box<dyn Fn(u64) + Send + Sync>;
 
 pub(crate) struct Leases {
     /// To the invalidator.
-    tx: Mutex<mpsc::Sender<Notice>>,
+    tx: mpsc::Sender<Notice>,
     recalled: OnceLock<OnRecall>,
     heard: AtomicU64,
     gate: RwLock<()>,
@@ -96,11 +96,7 @@ impl Leases {
     fn hear(&self, n: Notice) {
         self.complete.heard(&n);
         self.heard.fetch_add(1, Ordering::SeqCst);
-        let _ = self
-            .tx
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .send(n);
+        let _ = self.tx.send(n);
     }
 
     /// A create answered ahead failed: `name` in `dir` is not there after all. What the
@@ -114,7 +110,7 @@ impl Leases {
 
     fn new(lease: Duration, max: usize, tx: mpsc::Sender<Notice>) -> Self {
         Self {
-            tx: Mutex::new(tx),
+            tx,
             recalled: OnceLock::new(),
             heard: AtomicU64::new(0),
             gate: RwLock::new(()),

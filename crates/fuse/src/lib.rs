@@ -248,6 +248,14 @@ struct OpenFile {
     unmade: AtomicI32,
 }
 
+impl OpenFile {
+    /// Why its file is not on the servers, if its create answered ahead failed.
+    fn unmade(&self) -> Option<Errno> {
+        let e = self.unmade.load(Ordering::Acquire);
+        (e != 0).then(|| Errno::from_i32(e))
+    }
+}
+
 struct TesseraFs(Arc<Fs>);
 
 struct Fs {
@@ -517,10 +525,11 @@ impl Fs {
         }
     }
 
-    /// Why handle `fh`'s file does not exist, if its create answered ahead failed.
-    fn unmade(&self, fh: FileHandle) -> Option<Errno> {
-        let e = self.file(fh)?.unmade.load(Ordering::Acquire);
-        (e != 0).then(|| Errno::from_i32(e))
+    /// Waits for the create answered ahead of `ino`, if one is on its way; why handle `fh`
+    /// cannot be used, if that create failed.
+    fn await_made(&self, ino: u64, fh: FileHandle) -> Option<Errno> {
+        self.await_ahead(&[ino]);
+        self.file(fh)?.unmade()
     }
 
     /// Answers a create ahead (`Complete::ahead`), then sends its request on this worker's
@@ -1281,8 +1290,7 @@ impl Filesystem for TesseraFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.0.await_ahead(&[ino.0]);
-        if let Some(e) = self.0.unmade(fh) {
+        if let Some(e) = self.0.await_made(ino.0, fh) {
             return reply.error(e);
         }
         self.serve(move |fs| async move {
@@ -1316,19 +1324,18 @@ impl Filesystem for TesseraFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        if let Some(e) = self.0.unmade(fh) {
-            return reply.error(e);
-        }
         let Some(h) = self.0.file(fh) else {
             return reply.error(Errno::EBADF);
         };
+        if let Some(e) = h.unmade() {
+            return reply.error(e);
+        }
         let r = self.0.here(async {
             let mut f = h.file.lock().await;
             // A small output's bytes wait in the handle until its close, and need not wait
             // for its create answered ahead; what goes to the servers follows the inode there.
             if h.sync || !f.buffers(offset, data.len()) {
-                self.0.await_ahead(&[ino.0]);
-                if let Some(e) = self.0.unmade(fh) {
+                if let Some(e) = self.0.await_made(ino.0, fh) {
                     return Err(e);
                 }
             }
@@ -1370,8 +1377,7 @@ impl Filesystem for TesseraFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.0.await_ahead(&[ino.0]);
-        if let Some(e) = self.0.unmade(fh) {
+        if let Some(e) = self.0.await_made(ino.0, fh) {
             return reply.error(e);
         }
         // Every close(2) sends one. With nothing written since the last publish it has nothing
@@ -1398,8 +1404,7 @@ impl Filesystem for TesseraFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.0.await_ahead(&[ino.0]);
-        if let Some(e) = self.0.unmade(fh) {
+        if let Some(e) = self.0.await_made(ino.0, fh) {
             return reply.error(e);
         }
         self.serve(move |fs| async move { fs.flush_handle(fh, reply).await });
@@ -1421,7 +1426,7 @@ impl Filesystem for TesseraFs {
         };
         // close(2) returned at the FLUSH, and the kernel does not wait for this answer.
         reply.ok();
-        if h.unmade.load(Ordering::Acquire) != 0 {
+        if h.unmade().is_some() {
             if let Ok(mut f) = h.file.try_lock() {
                 f.abandon();
             }
@@ -1484,8 +1489,7 @@ impl Filesystem for TesseraFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.0.await_ahead(&[ino.0]);
-        if let Some(e) = self.0.unmade(fh) {
+        if let Some(e) = self.0.await_made(ino.0, fh) {
             return reply.error(e);
         }
         if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {

@@ -385,7 +385,7 @@ impl NodeHandler {
             return now(ok());
         }
         let recalled = match (watch::recalls(&op), self.watches.lock(p)) {
-            (Some(dir), Some(mut locked)) => Some(dir).zip(Some(locked.recall(&op, from))),
+            (Some(dir), Some(mut locked)) => Some((dir, locked.recall(dir, from))),
             _ => None,
         };
         if let Some((dir, holders)) = recalled.filter(|(_, h)| !h.is_empty()) {

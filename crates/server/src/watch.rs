@@ -384,14 +384,12 @@ impl Locked<'_> {
         }
     }
 
-    /// `op` is about to add a name to, or remove, a directory whose completeness others than
-    /// `origin` hold: recalls it from them (`Listing`) and returns them, for the change to wait
-    /// until they give it back ([`Self::relinquish`]) or are gone. A holder may have answered
-    /// creates there that are still on their way here; one of them may carry the same name.
-    pub fn recall(&mut self, op: &Op, origin: Option<&Watcher>) -> Vec<Watcher> {
-        let Some(dir) = recalls(op) else {
-            return Vec::new();
-        };
+    /// A change is about to add a name to, or remove, directory `dir` ([`recalls`]), whose
+    /// completeness others than `origin` may hold: recalls it from them (`Listing`) and returns
+    /// them, for the change to wait until they give it back ([`Self::relinquish`]) or are gone.
+    /// A holder may have answered creates there that are still on their way here; one of them
+    /// may carry the same name.
+    pub fn recall(&mut self, dir: Ino, origin: Option<&Watcher>) -> Vec<Watcher> {
         let Some(holders) = self.part.complete.get_mut(&dir) else {
             return Vec::new();
         };
