@@ -378,12 +378,32 @@ async fn run_server(cli: &Cli, args: &ServerArgs, cfg: &config::FileConfig) -> R
 
 /// Resolves on Ctrl-C or SIGTERM.
 pub async fn shutdown_signal() -> Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r?,
-        _ = term.recv() => {}
-    }
+    StopSignals::new()?.recv().await;
     Ok(())
+}
+
+/// Ctrl-C and SIGTERM, heard from creation on: a signal that comes between two `recv`s is
+/// kept for the next one, so a second Ctrl-C is not lost.
+pub struct StopSignals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    pub fn new() -> Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    pub async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
 }
 
 /// A client for the commands that use a running cluster.

@@ -69,6 +69,8 @@ pub async fn run(client: Client, args: &MountArgs) -> Result<()> {
         lease: Duration::try_from_secs_f64(args.lease)
             .context("--lease must be a number of seconds")?,
     };
+    // Heard from before the mount exists: a signal must never kill a process that has mounted.
+    let mut stop = crate::StopSignals::new()?;
     let session = tessera_fuse::mount(client, tokio::runtime::Handle::current(), &args.dir, &opts)
         .with_context(|| {
             format!(
@@ -86,13 +88,53 @@ pub async fn run(client: Client, args: &MountArgs) -> Result<()> {
         }
     };
     tokio::select! {
-        r = crate::shutdown_signal() => r?,
+        () = stop.recv() => {}
         () = gone => eprintln!("{} was unmounted", args.dir.display()),
+        // Its connection was cut (`/sys/fs/fuse/connections/N/abort`): the dead mount goes too.
+        () = ended(&session.guard) => eprintln!("{}: the kernel ended the session", args.dir.display()),
     }
-    // Unmounts and joins the FUSE threads, which need the runtime: not on a runtime thread.
-    tokio::task::spawn_blocking(move || drop(session)).await?;
+    // A plain unmount fails while a file is open (EBUSY), and a process that exits then leaves
+    // a dead mount behind ("transport endpoint is not connected") for everyone using the
+    // directory. Detached, the mount leaves the namespace at once and the kernel ends the
+    // session when the last open file is closed; until then those files are still served.
+    if let Err(e) = tessera_fuse::unmount(&args.dir) {
+        // EINVAL: already detached from outside (`tessera umount`, `umount -l`).
+        if e.raw_os_error() != Some(libc::EINVAL) {
+            tracing::warn!("detaching {}: {e}", args.dir.display());
+        }
+    }
+    if tokio::time::timeout(BUSY_AFTER, ended(&session.guard))
+        .await
+        .is_err()
+    {
+        eprintln!(
+            "{}: still in use (open files, or a working directory in it); serving those \
+             until they are let go (Ctrl-C again to stop now: they then fail)",
+            args.dir.display()
+        );
+        tokio::select! {
+            () = stop.recv() => {}
+            () = ended(&session.guard) => {}
+        }
+    }
+    // The session has ended (its threads sent the last closes), or a second Ctrl-C stops it:
+    // the process ends next, which ends the session. It is not dropped: fuser 0.18 unmounts
+    // the directory again at drop (it takes a severed connection for a live one), which fails
+    // on the detached directory, and could take down a mount made there since.
+    std::mem::forget(session);
     Ok(())
 }
+
+/// Resolves when the FUSE session's threads have ended.
+async fn ended(session: &std::thread::JoinHandle<std::io::Result<()>>) {
+    while !session.is_finished() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// How long a detached mount with nothing open takes to end its session; longer means files are
+/// still open on it.
+const BUSY_AFTER: Duration = Duration::from_millis(500);
 
 pub fn umount(args: &UmountArgs) -> Result<()> {
     tessera_fuse::unmount(&args.dir).with_context(|| format!("unmounting {}", args.dir.display()))

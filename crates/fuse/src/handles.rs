@@ -49,6 +49,12 @@ impl<V> Handles<V> {
         Some(v)
     }
 
+    /// Every handle, leaving none.
+    pub fn take_all(&mut self) -> Vec<Arc<V>> {
+        self.by_ino.clear();
+        self.by_fh.drain().map(|(_, (_, v))| v).collect()
+    }
+
     /// The handles of `ino`.
     pub fn of(&self, ino: u64) -> impl Iterator<Item = &Arc<V>> {
         self.with_fh(ino).map(|(_, v)| v)

@@ -463,6 +463,20 @@ impl Fs {
         self.closing.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Queues the close of a released handle; true if the queue was empty (the caller sends
+    /// it). A handle whose create answered ahead failed has nothing on the servers to close.
+    fn queue_close(&self, h: Arc<OpenFile>) -> bool {
+        if h.unmade().is_some() {
+            if let Ok(mut f) = h.file.try_lock() {
+                f.abandon();
+            }
+            return false;
+        }
+        let queued = &mut self.closing().queued;
+        queued.push(h);
+        queued.len() == 1
+    }
+
     /// Sends the closes of released handles, after those already on their way.
     async fn close_released(self: &Arc<Self>) {
         let _gate = self.close_gate.lock().await;
@@ -1426,18 +1440,7 @@ impl Filesystem for TesseraFs {
         };
         // close(2) returned at the FLUSH, and the kernel does not wait for this answer.
         reply.ok();
-        if h.unmade().is_some() {
-            if let Ok(mut f) = h.file.try_lock() {
-                f.abandon();
-            }
-            return;
-        }
-        let first = {
-            let queued = &mut self.0.closing().queued;
-            queued.push(h);
-            queued.len() == 1
-        };
-        if first {
+        if self.0.queue_close(h) {
             let fs = Arc::clone(&self.0);
             self.0.rt.spawn(async move {
                 tokio::time::sleep(CLOSE_DELAY).await;
@@ -1448,6 +1451,13 @@ impl Filesystem for TesseraFs {
 
     fn destroy(&mut self) {
         let fs = &self.0;
+        // The kernel may end the session before it released every handle: a detached mount's
+        // last RELEASE is cut off when its last file closes. Those closes go out too, or the
+        // servers would count the files open for good.
+        let unreleased = fs.files().take_all();
+        for h in unreleased {
+            fs.queue_close(h);
+        }
         // Bounded: with servers gone, an unmount must not wait out their failover. Closes not
         // sent by then leave open counts behind, as a mount that died does.
         let sent = fs.rt.block_on(async {

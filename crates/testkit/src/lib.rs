@@ -313,23 +313,65 @@ pub struct Mount {
     pub dir: PathBuf,
 }
 
-impl Drop for Mount {
-    fn drop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
+impl Mount {
+    /// Sends `signal` to the mount's process (SIGINT is Ctrl-C).
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: signalling our own child, which has not been reaped (`ended` reaps it, and
+        // then this is not called).
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+
+    /// The process's exit status, if it has ended.
+    pub fn ended(&mut self) -> Result<Option<std::process::ExitStatus>> {
+        Ok(self.child.try_wait()?)
+    }
+
+    /// Waits for the process to end by itself, for at most `within`.
+    pub fn wait_end(&mut self, within: Duration) -> Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.ended()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                bail!("tessera mount still runs after {within:?}");
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = Command::new(bin("tessera").unwrap_or_default())
-            .arg("umount")
-            .arg(&self.dir)
-            .status();
+    }
+
+    /// Kills the process (SIGKILL, as a crash would), which leaves a dead mount behind.
+    pub fn kill(&mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
+/// Is `dir` a mount point, also a dead one ("transport endpoint is not connected")?
+pub fn mounted(dir: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let parent = dir.parent().and_then(|p| std::fs::metadata(p).ok());
+    match std::fs::metadata(dir) {
+        Ok(m) => parent.is_some_and(|p| p.dev() != m.dev()),
+        Err(e) => e.raw_os_error() == Some(libc::ENOTCONN),
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(Some(_))) {
+            self.signal(libc::SIGTERM);
+            if self.wait_end(Duration::from_secs(10)).is_err() {
+                let _ = self.kill();
+            }
+        }
+        if mounted(&self.dir) {
+            let _ = Command::new(bin("tessera").unwrap_or_default())
+                .arg("umount")
+                .arg(&self.dir)
+                .status();
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::time::{Duration, SystemTime};
-use tessera_testkit::{pattern, Cluster, ClusterSpec};
+use tessera_testkit::{bin, mounted, pattern, Cluster, ClusterSpec};
 
 fn errno(e: &std::io::Error) -> i32 {
     e.raw_os_error().unwrap_or(0)
@@ -191,6 +191,79 @@ fn exclusive_creates_race_across_mounts_with_one_winner_each() -> Result<()> {
         won_a.iter().any(|w| *w),
         "the mount that made the directories created some names"
     );
+    Ok(())
+}
+
+/// Ctrl-C on a mount that still has a file open (SIGINT; SIGTERM is handled the same way): the
+/// directory leaves the namespace at once, the open file is still served until it is closed,
+/// and then the process ends by itself. A second Ctrl-C ends it at once. Neither leaves a dead
+/// mount behind, and `tessera umount` frees the one a killed mount process leaves.
+#[test]
+fn stopping_a_mount_with_a_file_open_serves_the_file_until_it_is_closed() -> Result<()> {
+    let within = Duration::from_secs(20);
+    let cluster = Cluster::start(&ClusterSpec::default())?;
+    let dir = tempfile_dir()?.join("stop");
+
+    let mut m = cluster.mount(&dir, &[])?;
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(dir.join("held"))?;
+    f.write_all(b"before")?;
+    m.signal(libc::SIGINT);
+    wait_until(within, || !mounted(&dir))?;
+    assert!(m.ended()?.is_none(), "the mount still serves its open file");
+    f.write_all(b", after")?;
+    f.sync_all()?;
+    let mut back = String::new();
+    f.seek(SeekFrom::Start(0))?;
+    f.read_to_string(&mut back)?;
+    assert_eq!(back, "before, after");
+    drop(f);
+    assert!(
+        m.wait_end(within)?.success(),
+        "ends once the file is closed"
+    );
+
+    let mut m = cluster.mount(&dir, &[])?;
+    assert_eq!(
+        fs::read_to_string(dir.join("held"))?,
+        "before, after",
+        "what the detached mount wrote is in the cluster"
+    );
+    let f = File::open(dir.join("held"))?;
+    m.signal(libc::SIGINT);
+    wait_until(within, || !mounted(&dir))?;
+    m.signal(libc::SIGINT);
+    assert!(m.wait_end(within)?.success(), "a second Ctrl-C ends it");
+    assert!(!mounted(&dir), "no dead mount left behind");
+    fs::read_dir(&dir)?;
+    drop(f);
+
+    let mut m = cluster.mount(&dir, &[])?;
+    m.kill()?;
+    // `stat` may still answer from the kernel's cache; listing asks the mount.
+    let dead = fs::read_dir(&dir).expect_err("a killed mount process leaves a dead mount");
+    assert_eq!(errno(&dead), libc::ENOTCONN);
+    let umount = std::process::Command::new(bin("tessera")?)
+        .arg("umount")
+        .arg(&dir)
+        .status()?;
+    assert!(umount.success());
+    assert!(!mounted(&dir), "tessera umount freed it");
+    Ok(())
+}
+
+fn wait_until(within: Duration, mut done: impl FnMut() -> bool) -> Result<()> {
+    let deadline = std::time::Instant::now() + within;
+    while !done() {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "not done within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     Ok(())
 }
 
