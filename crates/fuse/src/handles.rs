@@ -96,5 +96,10 @@ mod tests {
         );
         assert_eq!(h.of(8).count(), 1);
         assert!(h.get(2).is_none());
+        h.insert(4, 8, "d");
+        let mut all = h.take_all().iter().map(|v| **v).collect::<Vec<_>>();
+        all.sort_unstable();
+        assert_eq!(all, ["c", "d"]);
+        assert!(h.get(3).is_none() && h.of(8).count() == 0, "none left");
     }
 }
