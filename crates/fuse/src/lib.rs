@@ -1349,7 +1349,8 @@ impl Filesystem for TesseraFs {
             // A small output's bytes wait in the handle until its close, and need not wait
             // for its create answered ahead; what goes to the servers follows the inode there.
             if h.sync || !f.buffers(offset, data.len()) {
-                if let Some(e) = self.0.await_made(ino.0, fh) {
+                self.0.await_ahead(&[ino.0]);
+                if let Some(e) = h.unmade() {
                     return Err(e);
                 }
             }

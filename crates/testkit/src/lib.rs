@@ -314,11 +314,12 @@ pub struct Mount {
 }
 
 impl Mount {
-    /// Sends `signal` to the mount's process (SIGINT is Ctrl-C).
-    pub fn signal(&self, signal: i32) {
-        // SAFETY: signalling our own child, which has not been reaped (`ended` reaps it, and
-        // then this is not called).
-        unsafe { libc::kill(self.child.id() as i32, signal) };
+    /// Sends `signal` to the mount's process (SIGINT is Ctrl-C), unless it has ended.
+    pub fn signal(&mut self, signal: i32) {
+        if self.ended().map_or(true, |s| s.is_none()) {
+            // SAFETY: signalling our own child, not reaped yet (so its pid is still its own).
+            unsafe { libc::kill(self.child.id() as i32, signal) };
+        }
     }
 
     /// The process's exit status, if it has ended.
@@ -328,16 +329,13 @@ impl Mount {
 
     /// Waits for the process to end by itself, for at most `within`.
     pub fn wait_end(&mut self, within: Duration) -> Result<std::process::ExitStatus> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.ended()? {
-                return Ok(status);
-            }
-            if Instant::now() > deadline {
-                bail!("tessera mount still runs after {within:?}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let mut ended = Ok(None);
+        wait_until(within, || {
+            ended = self.child.try_wait();
+            !matches!(ended, Ok(None))
+        })
+        .context("tessera mount still runs")?;
+        ended?.context("tessera mount still runs")
     }
 
     /// Kills the process (SIGKILL, as a crash would), which leaves a dead mount behind.
@@ -346,6 +344,16 @@ impl Mount {
         self.child.wait()?;
         Ok(())
     }
+}
+
+/// Polls `done` until it holds, for at most `within`.
+pub fn wait_until(within: Duration, mut done: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + within;
+    while !done() {
+        anyhow::ensure!(Instant::now() < deadline, "not done within {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
 }
 
 /// Is `dir` a mount point, also a dead one ("transport endpoint is not connected")?
@@ -360,11 +368,9 @@ pub fn mounted(dir: &std::path::Path) -> bool {
 
 impl Drop for Mount {
     fn drop(&mut self) {
-        if !matches!(self.child.try_wait(), Ok(Some(_))) {
-            self.signal(libc::SIGTERM);
-            if self.wait_end(Duration::from_secs(10)).is_err() {
-                let _ = self.kill();
-            }
+        self.signal(libc::SIGTERM);
+        if self.wait_end(Duration::from_secs(10)).is_err() {
+            let _ = self.kill();
         }
         if mounted(&self.dir) {
             let _ = Command::new(bin("tessera").unwrap_or_default())

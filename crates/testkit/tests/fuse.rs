@@ -6,7 +6,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::time::{Duration, SystemTime};
-use tessera_testkit::{bin, mounted, pattern, Cluster, ClusterSpec};
+use tessera_testkit::{bin, mounted, pattern, wait_until, Cluster, ClusterSpec};
 
 fn errno(e: &std::io::Error) -> i32 {
     e.raw_os_error().unwrap_or(0)
@@ -261,18 +261,6 @@ fn stopping_a_mount_with_a_file_open_serves_the_file_until_it_is_closed() -> Res
         .status()?;
     assert!(umount.success());
     assert!(!mounted(&dir), "tessera umount freed it");
-    Ok(())
-}
-
-fn wait_until(within: Duration, mut done: impl FnMut() -> bool) -> Result<()> {
-    let deadline = std::time::Instant::now() + within;
-    while !done() {
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "not done within {within:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
     Ok(())
 }
 
