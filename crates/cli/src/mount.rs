@@ -71,13 +71,14 @@ pub async fn run(client: Client, args: &MountArgs) -> Result<()> {
     };
     // Heard from before the mount exists: a signal must never kill a process that has mounted.
     let mut stop = crate::StopSignals::new()?;
-    let session = tessera_fuse::mount(client, tokio::runtime::Handle::current(), &args.dir, &opts)
-        .with_context(|| {
-            format!(
-                "mounting on {} (is /dev/fuse there, and are you root or in the fuse group?)",
-                args.dir.display()
-            )
-        })?;
+    let mut session =
+        tessera_fuse::mount(client, tokio::runtime::Handle::current(), &args.dir, &opts)
+            .with_context(|| {
+                format!(
+                    "mounting on {} (is /dev/fuse there, and are you root or in the fuse group?)",
+                    args.dir.display()
+                )
+            })?;
     eprintln!("tessera mounted on {}", args.dir.display());
     let gone = async {
         loop {
@@ -120,9 +121,19 @@ pub async fn run(client: Client, args: &MountArgs) -> Result<()> {
     // The session has ended (its threads sent the last closes), or a second Ctrl-C stops it:
     // the process ends next, which ends the session. It is not dropped: fuser 0.18 unmounts
     // the directory again at drop (it takes a severed connection for a live one), which fails
-    // on the detached directory, and could take down a mount made there since.
+    // on the detached directory, and could take down a mount made there since. Its thread is
+    // taken out first (a finished stand-in goes in its place) to hear how the session ended.
+    let thread = std::mem::replace(&mut session.guard, std::thread::spawn(|| Ok(())));
     std::mem::forget(session);
-    Ok(())
+    if !thread.is_finished() {
+        // A second Ctrl-C: the files still open there fail from now on.
+        return Ok(());
+    }
+    match thread.join() {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(anyhow::anyhow!(e).context("the FUSE session ended with an error")),
+        Err(_) => anyhow::bail!("the FUSE session's thread panicked"),
+    }
 }
 
 /// Resolves when the FUSE session's threads have ended.
