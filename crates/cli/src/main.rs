@@ -469,13 +469,25 @@ fn end_quietly_when_output_closes() {
 /// How often freed memory is offered back to the system.
 const RETURN_FREED_EVERY: Duration = Duration::from_secs(1);
 
+/// `mi_option_purge_decommits` (mimalloc.h, the same in its v2 and v3): whether a purge
+/// decommits freed memory (`MADV_DONTNEED`) or resets it (`MADV_FREE`).
+const MI_OPTION_PURGE_DECOMMITS: libmimalloc_sys::mi_option_t = 5;
+
 /// Gives the memory of deleted files back to the system. mimalloc returns freed pages only
 /// when it next runs, at least a second (`purge_delay`) after the free: a server whose files
 /// were just removed, and that then sat idle, kept all their memory (1.1 GiB per server
-/// after a 4 GiB file, measured), out of reach of the applications on its node. Waiting that
-/// second, rather than returning pages at once, lets a write that follows a remove reuse
-/// them warm.
+/// after a 4 GiB file, measured), out of reach of the applications on its node.
+///
+/// It returns them lazily (`MADV_FREE`), not at once (`MADV_DONTNEED`): the kernel takes such
+/// pages back whenever anyone on the node needs memory, without I/O, and until it does, a
+/// write that follows a remove reuses them as they are. Decommitted pages have to be faulted
+/// in and zeroed again, the main cost of storing new data: rewrites after a remove ran 2-3x
+/// faster (BENCHMARKS.md). MIMALLOC_PURGE_DECOMMITS=1 restores the eager return.
 fn return_freed_memory() {
+    if std::env::var_os("MIMALLOC_PURGE_DECOMMITS").is_none() {
+        // SAFETY: called before any other thread exists (the option is read unlocked).
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DECOMMITS, 0) };
+    }
     let spawned = std::thread::Builder::new()
         .name("tessera-free".into())
         .spawn(|| loop {
