@@ -264,6 +264,83 @@ fn stopping_a_mount_with_a_file_open_serves_the_file_until_it_is_closed() -> Res
     Ok(())
 }
 
+#[test]
+fn a_long_sequential_write_leaves_only_its_tail_in_the_page_cache() -> Result<()> {
+    const MIB: usize = 1 << 20;
+    let cluster = Cluster::start(&ClusterSpec::default())?;
+    let base = tempfile_dir()?;
+    let m = cluster.mount(&base.join("drop"), &[])?;
+    // Read-write: the handle goes through the page cache (write-only ones bypass it).
+    let open = |name: &str| {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(m.dir.join(name))
+    };
+    let fill = |f: &mut File, seed: u64| -> std::io::Result<()> {
+        for i in 0..160 {
+            f.write_all(&pattern(seed, (i * MIB) as u64, MIB))?;
+        }
+        Ok(())
+    };
+
+    let mut f = open("alone")?;
+    fill(&mut f, 1)?;
+    let head = cached_pages(&f, 0, 64 * MIB)?;
+    assert_eq!(head, 0, "the pages of what was written first were dropped");
+    // What was dropped is read back from the servers, through the same handle and others.
+    let mut back = vec![0; 160 * MIB];
+    f.read_exact_at(&mut back, 0)?;
+    assert!(
+        back == pattern(1, 0, 160 * MIB),
+        "read back through the writer"
+    );
+    drop(f);
+    assert!(
+        fs::read(m.dir.join("alone"))? == back,
+        "read back after close"
+    );
+
+    // With another handle of the file open, its pages may be mapped or read: none are dropped.
+    let other = open("shared")?;
+    let mut f = open("shared")?;
+    fill(&mut f, 2)?;
+    let head = cached_pages(&f, 0, 64 * MIB)?;
+    assert!(
+        head > (48 * MIB / 4096),
+        "pages kept with another handle open: {head}"
+    );
+    drop((f, other));
+    assert!(fs::read(m.dir.join("shared"))? == pattern(2, 0, 160 * MIB));
+    Ok(())
+}
+
+/// How many pages of `[offset, offset + len)` of `f` the kernel holds (mincore on a mapping,
+/// which faults nothing in).
+fn cached_pages(f: &File, offset: usize, len: usize) -> Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh shared read-only mapping of an open file, unmapped before returning;
+    // mincore writes one byte per page into a vector of that many.
+    unsafe {
+        let map = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            offset as libc::off_t,
+        );
+        anyhow::ensure!(map != libc::MAP_FAILED, "mmap failed");
+        let mut vec = vec![0u8; len.div_ceil(4096)];
+        let r = libc::mincore(map, len, vec.as_mut_ptr());
+        libc::munmap(map, len);
+        anyhow::ensure!(r == 0, "mincore failed");
+        Ok(vec.iter().filter(|b| **b & 1 == 1).count())
+    }
+}
+
 fn statvfs(p: &std::path::Path) -> Result<(u64, u64)> {
     let c = std::ffi::CString::new(p.as_os_str().to_string_lossy().as_bytes())?;
     // SAFETY: a valid path and a zeroed out-struct.
