@@ -123,7 +123,12 @@ pub async fn run(client: Client, args: &MountArgs) -> Result<()> {
     // the directory again at drop (it takes a severed connection for a live one), which fails
     // on the detached directory, and could take down a mount made there since. Its thread is
     // taken out first (a finished stand-in goes in its place) to hear how the session ended.
-    let thread = std::mem::replace(&mut session.guard, std::thread::spawn(|| Ok(())));
+    let stand_in = std::thread::Builder::new().spawn(|| Ok(()));
+    let Ok(stand_in) = stand_in else {
+        std::mem::forget(session);
+        return Ok(());
+    };
+    let thread = std::mem::replace(&mut session.guard, stand_in);
     std::mem::forget(session);
     if !thread.is_finished() {
         // A second Ctrl-C: the files still open there fail from now on.

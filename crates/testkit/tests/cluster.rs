@@ -185,7 +185,7 @@ fn held(pid: u32) -> Result<u64> {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             .ok_or_else(|| anyhow::anyhow!("no {name} for process {pid}"))
     };
-    Ok((field("Rss:")? - field("LazyFree:")?) << 10)
+    Ok(field("Rss:")?.saturating_sub(field("LazyFree:")?) << 10)
 }
 
 #[test]
