@@ -71,14 +71,13 @@ pub async fn run(client: Client, args: &MountArgs) -> Result<()> {
     };
     // Heard from before the mount exists: a signal must never kill a process that has mounted.
     let mut stop = crate::StopSignals::new()?;
-    let mut session =
-        tessera_fuse::mount(client, tokio::runtime::Handle::current(), &args.dir, &opts)
-            .with_context(|| {
-                format!(
-                    "mounting on {} (is /dev/fuse there, and are you root or in the fuse group?)",
-                    args.dir.display()
-                )
-            })?;
+    let session = tessera_fuse::mount(client, tokio::runtime::Handle::current(), &args.dir, &opts)
+        .with_context(|| {
+            format!(
+                "mounting on {} (is /dev/fuse there, and are you root or in the fuse group?)",
+                args.dir.display()
+            )
+        })?;
     eprintln!("tessera mounted on {}", args.dir.display());
     let gone = async {
         loop {
@@ -122,18 +121,14 @@ pub async fn run(client: Client, args: &MountArgs) -> Result<()> {
     // the process ends next, which ends the session. It is not dropped: fuser 0.18 unmounts
     // the directory again at drop (it takes a severed connection for a live one), which fails
     // on the detached directory, and could take down a mount made there since. Its thread is
-    // taken out first (a finished stand-in goes in its place) to hear how the session ended.
-    let stand_in = std::thread::Builder::new().spawn(|| Ok(()));
-    let Ok(stand_in) = stand_in else {
-        std::mem::forget(session);
-        return Ok(());
-    };
-    let thread = std::mem::replace(&mut session.guard, stand_in);
-    std::mem::forget(session);
-    if !thread.is_finished() {
+    // taken out of it to hear how the session ended.
+    let session = std::mem::ManuallyDrop::new(session);
+    if !session.guard.is_finished() {
         // A second Ctrl-C: the files still open there fail from now on.
         return Ok(());
     }
+    // SAFETY: the session is never dropped, so its thread handle is moved out exactly once.
+    let thread = unsafe { std::ptr::read(&session.guard) };
     match thread.join() {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(anyhow::anyhow!(e).context("the FUSE session ended with an error")),
