@@ -7,7 +7,10 @@
 # Environment: OUT (JSON results, default /tmp/bench-fuse.json), MOUNT_ARGS (extra flags for
 # `tessera mount`, e.g. "--writeback-cache"), PHASES ("io,meta" by default; "meta": the
 # metadata test only), ROUNDS (3 by default: medians of that many rounds over every directory in
-# turn), TESSERA_BIN (another tessera binary, e.g. an older build to compare).
+# turn), TESSERA_BIN (another tessera binary, e.g. an older build to compare), LOW_LATENCY (1 by
+# default: the cluster runs with --low-latency, so idle CPUs poll instead of halting for the
+# whole run, ceilings included; 0: they halt, and every wake-up of an idle CPU costs what this
+# host makes it cost, see BENCHMARKS.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size=${1:-4G}
@@ -17,6 +20,8 @@ if [ -z "${TESSERA_BIN:-}" ]; then
   cargo build -q --release --locked -p tessera-cli
 fi
 bin=${TESSERA_BIN:-$PWD/target/release/tessera}
+latency=()
+[ "${LOW_LATENCY:-1}" = 0 ] || latency=(--low-latency)
 
 . scripts/lib/scratch.sh tessera-bench-fuse
 mkdir -p "$work/tmpfs" "$work/bindfs" "$work/bindfs-cache" "$work/mnt"
@@ -26,7 +31,7 @@ mount -t tmpfs -o size=80% tmpfs "$work/tmpfs"
 mkdir "$work/tmpfs/plain" "$work/tmpfs/under-bindfs" "$work/tmpfs/under-bindfs-cache"
 bindfs -o direct_io "$work/tmpfs/under-bindfs" "$work/bindfs"
 bindfs "$work/tmpfs/under-bindfs-cache" "$work/bindfs-cache"
-"$bin" --manager "127.0.0.1:$(free_port)" up --http "127.0.0.1:$(free_port)" --servers 4 \
+"$bin" --manager "127.0.0.1:$(free_port)" "${latency[@]}" up --http "127.0.0.1:$(free_port)" --servers 4 \
   --memory 2GiB > "$work/up.log" 2>&1 &
 pids+=($!)
 wait_cluster_file
@@ -35,6 +40,6 @@ wait_cluster_file
 pids+=($!)
 wait_mounted "$work/mnt"
 
-echo "fio file $size; $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ); mount flags: ${MOUNT_ARGS:-none}"
+echo "fio file $size; $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ); mount flags: ${MOUNT_ARGS:-none}; cluster flags: ${latency[*]:-none}"
 python3 scripts/bench_fuse.py "$size" tmpfs="$work/tmpfs/plain" bindfs="$work/bindfs" \
   bindfs-cache="$work/bindfs-cache" tessera="$work/mnt"

@@ -3,6 +3,7 @@
 mod bench;
 mod config;
 mod files;
+mod latency;
 mod mount;
 mod report;
 mod scale;
@@ -37,6 +38,11 @@ struct Cli {
     /// the `primary` (mirrors follow, flushed by fsync and close; see docs/SEMANTICS.md).
     #[arg(long, global = true, env = "TESSERA_WRITE_ACK", value_enum)]
     write_ack: Option<WriteAckArg>,
+    /// Keep this node's CPUs from halting while the command runs (PM QoS, needs root): wake-ups
+    /// between processes get several times cheaper, at the price of idle CPU time; see
+    /// docs/CLI.md.
+    #[arg(long, global = true, env = "TESSERA_LOW_LATENCY")]
+    low_latency: bool,
     /// More log output (-v: debug, -vv: trace); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -418,6 +424,10 @@ async fn client(cli: &Cli, cfg: &config::FileConfig) -> Result<Client> {
 
 async fn run(cli: Cli) -> Result<()> {
     let cfg = config::load(cli.config.as_deref())?;
+    let _held = cli
+        .low_latency
+        .then(latency::LowLatency::hold)
+        .transpose()?;
     match &cli.cmd {
         Cmd::Up(a) => up::run(&cli, a, &cfg).await,
         Cmd::Manager(a) => run_manager(&cli, a, &cfg).await,
