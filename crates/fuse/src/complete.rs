@@ -13,7 +13,9 @@
 //! request goes out right after, see `TesseraFs::create`): the server recalls the promise
 //! before anyone else adds a name or removes the directory, and the mount gives it back
 //! (`Op::Relinquish`) only once those creates are in ([`Complete::settle`]). Until then every
-//! other request about the directory or the new file waits for them too.
+//! other request about the directory or the new file waits for them too; the close's FLUSH,
+//! which comes right after most creates, without holding a worker: the worker that lands the
+//! create answers it ([`Complete::after`]).
 //!
 //! An absent name answered here is not cached by the kernel (no promise covers the name on
 //! its own once the directory's is used up), so the next look-up comes here again.
@@ -44,7 +46,12 @@ struct Dirs {
     max: usize,
     /// Creates answered ahead and not yet in, by directory and by new inode.
     ahead: HashMap<u64, usize>,
+    /// What to run once the last of them is in, by the same keys ([`Complete::after`]).
+    then: HashMap<u64, Vec<Then>>,
 }
+
+/// Work left for the thread that lands a create.
+pub(crate) type Then = Box<dyn FnOnce() + Send>;
 
 impl Complete {
     fn with_max(max: usize) -> Self {
@@ -120,17 +127,37 @@ impl Complete {
     /// The create of `ino` in `dir` answered ahead is in, or failed.
     pub(crate) fn landed(&self, dir: u64, ino: u64) {
         let mut d = self.dirs();
+        let mut due = Vec::new();
         for key in [dir, ino] {
             if let Some(n) = d.ahead.get_mut(&key) {
                 *n -= 1;
                 if *n == 0 {
                     d.ahead.remove(&key);
+                    due.extend(d.then.remove(&key).into_iter().flatten());
                 }
             }
         }
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         drop(d);
         self.landed.notify_all();
+        for then in due {
+            then();
+        }
+    }
+
+    /// Runs `then` once no create answered ahead in directory `ino`, or of inode `ino`, is on
+    /// its way: now, on this thread, or on the thread that lands the last of them. Unlike
+    /// [`Self::settle`], no thread waits meanwhile, and none has to be woken: a close's FLUSH
+    /// is answered by the thread that heard its create is in.
+    pub(crate) fn after(&self, ino: u64, then: Then) {
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            let mut d = self.dirs();
+            if d.ahead.contains_key(&ino) {
+                d.then.entry(ino).or_default().push(then);
+                return;
+            }
+        }
+        then();
     }
 
     /// Blocks while creates answered ahead in directory `ino`, or of inode `ino`, are on their
@@ -223,6 +250,47 @@ mod tests {
         waiter.join().unwrap();
         assert!(!c.unsettled(7) && !c.unsettled(70));
         c.settle(70);
+    }
+
+    /// Work queued behind a create answered ahead runs once, on the thread that lands the
+    /// last create of its key; with none on its way, at once.
+    #[test]
+    fn work_after_creates_ahead_runs_when_the_last_one_lands() {
+        use std::sync::atomic::AtomicU32;
+        use std::sync::Arc;
+        let c = Complete::new();
+        let ran = Arc::new(AtomicU32::new(0));
+        let count = |ran: &Arc<AtomicU32>| {
+            let ran = ran.clone();
+            Box::new(move || {
+                ran.fetch_add(1, Ordering::SeqCst);
+            }) as Then
+        };
+        c.after(70, count(&ran));
+        assert_eq!(ran.load(Ordering::SeqCst), 1, "nothing on its way: at once");
+        c.made(c.cuts(), 7);
+        assert!(c.ahead(7, b"x", 70) && c.ahead(7, b"y", 71));
+        c.after(70, count(&ran));
+        c.after(7, count(&ran));
+        c.after(72, count(&ran));
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            2,
+            "only the one about another inode"
+        );
+        c.landed(7, 70);
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            3,
+            "the file's work, not the directory's"
+        );
+        c.landed(7, 71);
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            4,
+            "the directory's, with its last create"
+        );
+        assert!(c.dirs().then.is_empty());
     }
 
     #[test]

@@ -386,6 +386,26 @@ impl TesseraFs {
         inline.fetch_sub(1, Ordering::AcqRel);
     }
 
+    /// FLUSH of handle `fh`, its file on the servers (or its create failed).
+    fn flush_made(&self, fh: FileHandle, reply: ReplyEmpty) {
+        let Some(h) = self.0.file(fh) else {
+            return reply.error(Errno::EBADF);
+        };
+        if let Some(e) = h.unmade() {
+            return reply.error(e);
+        }
+        // Every close(2) sends one. With nothing written since the last publish it has nothing
+        // to wait for: answered here, without the hop to the runtime.
+        if h.unpublished.load(Ordering::Relaxed) == 0 {
+            if let Ok(mut f) = h.file.try_lock() {
+                let r = self.0.here(f.flush());
+                self.0.settle(&mut f);
+                return Fs::empty(reply, r);
+            }
+        }
+        self.serve(move |fs| async move { fs.flush_handle(fh, reply).await });
+    }
+
     /// Serves a request on the runtime: for listings (see the module doc).
     fn spawn<F, Fut>(&self, f: F)
     where
@@ -1439,21 +1459,14 @@ impl Filesystem for TesseraFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        if let Some(e) = self.0.await_made(ino.0, fh) {
-            return reply.error(e);
+        // A close right after a create answered ahead (most creates) is answered by the worker
+        // that lands the create; this one goes back to the kernel meanwhile.
+        let me = TesseraFs(Arc::clone(&self.0));
+        let then = move || me.flush_made(fh, reply);
+        match self.0.complete() {
+            Some(c) => c.after(ino.0, Box::new(then)),
+            None => then(),
         }
-        // Every close(2) sends one. With nothing written since the last publish it has nothing
-        // to wait for: answered here, without the hop to the runtime.
-        if let Some(h) = self.0.file(fh) {
-            if h.unpublished.load(Ordering::Relaxed) == 0 {
-                if let Ok(mut f) = h.file.try_lock() {
-                    let r = self.0.here(f.flush());
-                    self.0.settle(&mut f);
-                    return Fs::empty(reply, r);
-                }
-            }
-        }
-        self.serve(move |fs| async move { fs.flush_handle(fh, reply).await });
     }
 
     /// fsync and fdatasync alike: the servers keep data in memory, so "stored" means stored
