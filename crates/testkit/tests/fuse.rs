@@ -194,6 +194,43 @@ fn exclusive_creates_race_across_mounts_with_one_winner_each() -> Result<()> {
     Ok(())
 }
 
+/// A create answered ahead, then its close: once close(2) returned, another mount finds the
+/// file, with its bytes (close-to-open). The close's FLUSH is answered only after the create
+/// is on its server, by the worker that lands it; empty files and small outputs alike.
+#[test]
+fn a_file_created_ahead_is_on_the_servers_when_its_close_returns() -> Result<()> {
+    const FILES: usize = 300;
+    let cluster = Cluster::start(&ClusterSpec::default())?;
+    let base = tempfile_dir()?.join("ahead");
+    let a = cluster.mount(&base.join("a"), &[])?;
+    let b = cluster.mount(&base.join("b"), &[])?;
+    // Mount A made the directory, so it knows every name there and answers creates ahead.
+    fs::create_dir(a.dir.join("out"))?;
+    for i in 0..FILES {
+        let name = format!("out/f{i}");
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(a.dir.join(&name))?;
+        if i % 2 == 1 {
+            f.write_all(format!("output {i}").as_bytes())?;
+        }
+        drop(f);
+        let seen = fs::read(b.dir.join(&name))?;
+        let want = if i % 2 == 1 {
+            format!("output {i}").into_bytes()
+        } else {
+            Vec::new()
+        };
+        assert_eq!(
+            seen, want,
+            "{name} on the other mount right after its close"
+        );
+    }
+    assert_eq!(fs::read_dir(b.dir.join("out"))?.count(), FILES);
+    Ok(())
+}
+
 /// Ctrl-C on a mount that still has a file open (SIGINT; SIGTERM is handled the same way): the
 /// directory leaves the namespace at once, the open file is still served until it is closed,
 /// and then the process ends by itself. A second Ctrl-C ends it at once. Neither leaves a dead
