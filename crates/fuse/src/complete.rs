@@ -51,7 +51,7 @@ struct Dirs {
 }
 
 /// Work left for the thread that lands a create.
-pub(crate) type Then = Box<dyn FnOnce() + Send>;
+type Then = Box<dyn FnOnce() + Send>;
 
 impl Complete {
     fn with_max(max: usize) -> Self {
@@ -149,11 +149,12 @@ impl Complete {
     /// its way: now, on this thread, or on the thread that lands the last of them. Unlike
     /// [`Self::settle`], no thread waits meanwhile, and none has to be woken: a close's FLUSH
     /// is answered by the thread that heard its create is in.
-    pub(crate) fn after(&self, ino: u64, then: Then) {
+    /// Boxed only if it has to wait.
+    pub(crate) fn after(&self, ino: u64, then: impl FnOnce() + Send + 'static) {
         if self.in_flight.load(Ordering::SeqCst) > 0 {
             let mut d = self.dirs();
             if d.ahead.contains_key(&ino) {
-                d.then.entry(ino).or_default().push(then);
+                d.then.entry(ino).or_default().push(Box::new(then));
                 return;
             }
         }

@@ -1464,7 +1464,7 @@ impl Filesystem for TesseraFs {
         let me = TesseraFs(Arc::clone(&self.0));
         let then = move || me.flush_made(fh, reply);
         match self.0.complete() {
-            Some(c) => c.after(ino.0, Box::new(then)),
+            Some(c) => c.after(ino.0, then),
             None => then(),
         }
     }
