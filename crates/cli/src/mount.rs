@@ -1,7 +1,7 @@
 //! `tessera mount` and `tessera umount`.
 
 use anyhow::{Context, Result};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 use tessera_client::Client;
 
@@ -37,19 +37,6 @@ pub struct UmountArgs {
     pub dir: PathBuf,
 }
 
-/// Is `dir` a mount point right now?
-fn mounted(dir: &Path) -> bool {
-    let Ok(dir) = dir.canonicalize() else {
-        return false;
-    };
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|m| {
-            m.lines()
-                .any(|l| l.split(' ').nth(4) == Some(dir.to_string_lossy().as_ref()))
-        })
-        .unwrap_or(false)
-}
-
 /// Mounts in the foreground until Ctrl-C/SIGTERM or an unmount from outside.
 pub async fn run(client: Client, args: &MountArgs) -> Result<()> {
     let meta = std::fs::metadata(&args.dir)
@@ -69,6 +56,12 @@ pub async fn run(client: Client, args: &MountArgs) -> Result<()> {
         lease: Duration::try_from_secs_f64(args.lease)
             .context("--lease must be a number of seconds")?,
     };
+    // Resolved now: once mounted, resolving the path would stat the mount, which this process
+    // serves (see `tessera_fuse::mountinfo`).
+    let canonical = args
+        .dir
+        .canonicalize()
+        .with_context(|| format!("mount point {}", args.dir.display()))?;
     // Heard from before the mount exists: a signal must never kill a process that has mounted.
     let mut stop = crate::StopSignals::new()?;
     let session = tessera_fuse::mount(client, tokio::runtime::Handle::current(), &args.dir, &opts)
@@ -79,10 +72,13 @@ pub async fn run(client: Client, args: &MountArgs) -> Result<()> {
             )
         })?;
     eprintln!("tessera mounted on {}", args.dir.display());
+    // Ours is the topmost mount there now; gone once no mount there has its device.
+    let ours = tessera_fuse::mountinfo::devices_on(&canonical).pop();
     let gone = async {
         loop {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            if !mounted(&args.dir) {
+            let now = tessera_fuse::mountinfo::devices_on(&canonical);
+            if ours.map_or(now.is_empty(), |d| !now.contains(&d)) {
                 return;
             }
         }

@@ -49,6 +49,7 @@ use tokio::runtime::Handle;
 mod complete;
 mod handles;
 mod leases;
+pub mod mountinfo;
 use handles::Handles;
 use leases::{Key, Leases};
 
@@ -94,6 +95,8 @@ pub fn mount(
     dir: &Path,
     opts: &MountOptions,
 ) -> std::io::Result<fuser::BackgroundSession> {
+    // Resolved before the mount is there: once it is, resolving the path would stat it.
+    let dir = &dir.canonicalize()?;
     let mut cfg = fuser::Config::default();
     cfg.mount_options = vec![
         MountOption::FSName("tessera".into()),
@@ -162,17 +165,12 @@ pub fn unmount(dir: &Path) -> std::io::Result<()> {
 }
 
 /// The kernel reads ahead 128 KiB on a FUSE mount by default; stripes are 1 MiB. Best effort.
+/// The device comes from the mount table: a stat of `dir` (canonical) would ask this very mount.
 fn raise_readahead(dir: &Path) {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(meta) = std::fs::metadata(dir) else {
+    let Some((major, minor)) = mountinfo::devices_on(dir).pop() else {
         return;
     };
-    let dev = meta.dev();
-    let path = format!(
-        "/sys/class/bdi/{}:{}/read_ahead_kb",
-        libc::major(dev),
-        libc::minor(dev)
-    );
+    let path = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
     if let Err(e) = std::fs::write(&path, "1024") {
         tracing::debug!("could not raise read-ahead through {path}: {e}");
     }
