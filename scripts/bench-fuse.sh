@@ -2,7 +2,8 @@
 # FUSE benchmark (issue #3), as root: fio, dd and a metadata test on tmpfs, on two pass-through
 # FUSE mounts over tmpfs (bindfs -o direct_io: the FUSE ceiling; bindfs with the page cache, the
 # mode Tessera's mount uses by default) and on a Tessera mount of a local cluster with 4 servers,
-# in one run; prints a table with Tessera's ratios to each.
+# in one run, and loopback TCP (every byte Tessera moves crosses it once); prints a table with
+# Tessera's ratios to each.
 # Usage: scripts/bench-fuse.sh [SIZE]   (fio file size, default 4G)
 # Environment: OUT (JSON results, default /tmp/bench-fuse.json), MOUNT_ARGS (extra flags for
 # `tessera mount`, e.g. "--writeback-cache"), PHASES ("io,meta" by default; "meta": the

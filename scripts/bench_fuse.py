@@ -3,7 +3,8 @@ random 4 KiB reads, `dd` writing, reading and re-reading the same size, reading 
 read-write handle, and a metadata test (creates, stats, listings, probes of absent names,
 unlinks, saves: a small file written and renamed over its target, and small outputs: 100 bytes
 written to a new file, then removed; per second from 1 and 4 processes) on each directory
-given, printed as a table with ratios to the first ones.
+given, printed as a table with ratios to the first ones; with the fio phase, loopback TCP's
+bandwidth (1 and 4 streams) in every round, and the last directory's ratios to it.
 
 Usage: python3 scripts/bench_fuse.py SIZE NAME=DIR [NAME=DIR ...]
 Environment: PHASES (default "io,meta"): "meta" alone skips fio; ROUNDS (default 3): each
@@ -187,6 +188,51 @@ def tcp_round_trip_us(n: int = 20000) -> float:
     return dt / n * 1e6
 
 
+def _sink(port_out: "Queue[int]", streams: int) -> None:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(streams)
+    port_out.put(srv.getsockname()[1])
+    conns = [srv.accept()[0] for _ in range(streams)]
+    procs = [Process(target=_drain, args=(c,)) for c in conns]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+
+
+def _drain(conn: socket.socket) -> None:
+    buf = memoryview(bytearray(1 << 20))
+    while conn.recv_into(buf):
+        pass
+
+
+def _pour(port: int, mib: int) -> None:
+    s = socket.create_connection(("127.0.0.1", port))
+    block = os.urandom(1 << 20)
+    for _ in range(mib):
+        s.sendall(block)
+    s.close()
+
+
+def tcp_stream_gbps(streams: int, mib: int = 4096) -> float:
+    """The ceiling of any networked file system's data path: MIB MiB sent over loopback TCP in
+    1 MiB writes, split over STREAMS connections, each end its own process (iperf3's measure,
+    with Tessera's stripe size)."""
+    q: "Queue[int]" = Queue()
+    sink = Process(target=_sink, args=(q, streams))
+    sink.start()
+    port = q.get()
+    pourers = [Process(target=_pour, args=(port, mib // streams)) for _ in range(streams)]
+    t = time.perf_counter()
+    for p in pourers:
+        p.start()
+    for p in pourers:
+        p.join()
+    sink.join()
+    return mib * (1 << 20) / (time.perf_counter() - t) / 1e9
+
+
 def run_once(directory: str, size: str, phases: list[str]) -> dict[str, float]:
     r: dict[str, float] = {}
     if "io" in phases:
@@ -214,7 +260,14 @@ def main() -> None:
     # Rounds go through every target in turn, so a swing of this VM's speed (its memory and
     # wake-ups vary by minutes) lands on all of them rather than on one.
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in targets}
+    # Every byte Tessera reads or writes crosses loopback TCP once, to or from 4 servers: that
+    # ceiling is measured in every round too.
+    tcp_runs: list[dict[str, float]] = []
     for i in range(rounds):
+        if "io" in phases:
+            tcp_runs.append({"1 stream": tcp_stream_gbps(1), "4 streams": tcp_stream_gbps(4)})
+            print(f"round {i + 1} loopback TCP GB/s: " + ", ".join(
+                f"{k} {v:.2f}" for k, v in tcp_runs[-1].items()), flush=True)
         for name, d in targets:
             r = run_once(d, size, phases)
             runs[name].append(r)
@@ -233,8 +286,14 @@ def main() -> None:
         spread = [r[k] for r in runs[last]]
         ratios = " | ".join(f"{results[last][k] / results[n][k]:.0%}" for n in names[:-1])
         print(f"| {k} | {vals} ({min(spread):,.2f}-{max(spread):,.2f}) | {ratios} |")
+    tcp = {k: statistics.median(r[k] for r in tcp_runs) for k in tcp_runs[0]} if tcp_runs else {}
+    if tcp:
+        print("loopback TCP, 1 MiB writes (GB/s): " + ", ".join(f"{k} {v:.2f}" for k, v in tcp.items()))
+        print(f"{last} / loopback TCP, 4 streams: " + ", ".join(
+            f"{k} {results[last][k] / tcp['4 streams']:.0%}" for k in ("write GB/s", "read GB/s")
+        ))
     with open(os.environ.get("OUT", "/tmp/bench-fuse.json"), "w") as f:
-        json.dump({"medians": results, "runs": runs}, f, indent=1)
+        json.dump({"medians": results, "runs": runs, "loopback TCP GB/s": tcp}, f, indent=1)
 
 
 if __name__ == "__main__":
