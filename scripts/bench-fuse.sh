@@ -10,8 +10,9 @@
 # metadata test only), ROUNDS (3 by default: medians of that many rounds over every directory in
 # turn), TESSERA_BIN (another tessera binary, e.g. an older build to compare), LOW_LATENCY (1 by
 # default: the cluster runs with --low-latency, so idle CPUs poll instead of halting for the
-# whole run, ceilings included; 0: they halt, and every wake-up of an idle CPU costs what this
-# host makes it cost, see BENCHMARKS.md).
+# whole run, ceilings included, where the kernel has a cpuidle driver (the header line names
+# it); 0: they halt, and every wake-up of an idle CPU costs what this host makes it cost, see
+# BENCHMARKS.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size=${1:-4G}
@@ -41,6 +42,7 @@ wait_cluster_file
 pids+=($!)
 wait_mounted "$work/mnt"
 
-echo "fio file $size; $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ); mount flags: ${MOUNT_ARGS:-none}; cluster flags: ${latency[*]:-none}"
+cpuidle=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo absent)
+echo "fio file $size; $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ); mount flags: ${MOUNT_ARGS:-none}; cluster flags: ${latency[*]:-none}; cpuidle driver: $cpuidle"
 python3 scripts/bench_fuse.py "$size" tmpfs="$work/tmpfs/plain" bindfs="$work/bindfs" \
   bindfs-cache="$work/bindfs-cache" tessera="$work/mnt"

@@ -11,6 +11,11 @@
 //! target of 0 us written to it, idle CPUs poll instead of halting. The kernel withdraws the
 //! request when the file is closed, also when the process dies, so nothing is left behind. The
 //! price is idle CPU time burnt polling, on the whole node, hence an option (docs/CLI.md).
+//!
+//! The target acts through the cpuidle driver, whose governor picks each idle state (polling
+//! among them) within it. A kernel that registered none (some VMs boot that way) idles every
+//! CPU the architecture's default way, a halt on x86, whatever the target: the request is then
+//! held all the same, and a warning says it changes nothing.
 
 use anyhow::{Context, Result};
 use std::fs::{File, OpenOptions};
@@ -18,6 +23,7 @@ use std::io::Write;
 use std::path::Path;
 
 const PM_QOS: &str = "/dev/cpu_dma_latency";
+const CPUIDLE_DRIVER: &str = "/sys/devices/system/cpu/cpuidle/current_driver";
 
 /// The request, in force until dropped.
 #[derive(Debug)]
@@ -28,7 +34,15 @@ pub struct LowLatency {
 impl LowLatency {
     /// Asks the kernel to keep every CPU out of idle states that take any time to leave.
     pub fn hold() -> Result<Self> {
-        Self::hold_at(Path::new(PM_QOS))
+        let held = Self::hold_at(Path::new(PM_QOS))?;
+        let driver = std::fs::read_to_string(CPUIDLE_DRIVER).ok();
+        if !steers_idle(driver.as_deref()) {
+            tracing::warn!(
+                "--low-latency changes nothing here: this kernel has no cpuidle driver ({CPUIDLE_DRIVER}: {}), so idle CPUs halt whatever the latency target",
+                driver.as_deref().map_or("absent", str::trim)
+            );
+        }
+        Ok(held)
     }
 
     fn hold_at(path: &Path) -> Result<Self> {
@@ -43,6 +57,13 @@ impl LowLatency {
             .with_context(|| format!("writing the latency target to {}", path.display()))?;
         Ok(Self { _qos: f })
     }
+}
+
+/// Does a latency target change how this machine's CPUs idle, given its cpuidle driver?
+fn steers_idle(driver: Option<&str>) -> bool {
+    driver
+        .map(str::trim)
+        .is_some_and(|d| !d.is_empty() && d != "none")
 }
 
 #[cfg(test)]
@@ -66,6 +87,15 @@ mod tests {
         assert_eq!(in_force(), 0);
         drop(held);
         assert_eq!(in_force(), before);
+    }
+
+    #[test]
+    fn only_a_cpuidle_driver_lets_the_target_steer_idle_cpus() {
+        assert!(steers_idle(Some("haltpoll\n")));
+        assert!(steers_idle(Some("intel_idle")));
+        assert!(!steers_idle(Some("none\n")));
+        assert!(!steers_idle(Some("")));
+        assert!(!steers_idle(None));
     }
 
     #[test]
