@@ -1,10 +1,11 @@
 """FUSE benchmark driver (run by scripts/bench-fuse.sh): fio sequential 1 MiB write and read
 (into fio's own buffer, and into a page-aligned one), random 4 KiB reads, `dd` writing,
-reading and re-reading the same size, reading back through a read-write handle, and a metadata test (creates, stats, listings, probes of absent names,
-unlinks, saves: a small file written and renamed over its target, and small outputs: 100 bytes
-written to a new file, then removed; per second from 1 and 4 processes) on each directory
-given, printed as a table with ratios to the first ones; with the fio phase, loopback TCP's
-bandwidth (1 and 4 streams) in every round, and the last directory's ratios to it.
+reading and re-reading the same size, reading back through a read-write handle, and a
+metadata test (creates, stats, listings, probes of absent names, unlinks, saves: a small file
+written and renamed over its target, and small outputs: 100 bytes written to a new file, then
+removed; per second from 1 and 4 processes) on each directory given, printed as a table with
+ratios to the first ones; with the fio phase, loopback TCP's bandwidth (1 and 4 streams) in
+every round, and the last directory's ratios to it.
 
 Usage: python3 scripts/bench_fuse.py SIZE NAME=DIR [NAME=DIR ...]
 Environment: PHASES (default "io,meta"): "meta" alone skips fio; ROUNDS (default 3): each
@@ -240,9 +241,9 @@ def run_once(directory: str, size: str, phases: list[str]) -> dict[str, float]:
         # fio drops the file's cached pages first (invalidate=1): this reads the cluster.
         r["read GB/s"] = fio(directory, "read", "1M", size, [])["GB/s"]
         # fio's buffer sits 16 bytes into a page (malloc). Copying from a page-cache page to
-        # an address 1-31 bytes further into its page runs 3-4x slower on this machine's CPU
-        # than to an aligned one, so every page-cache read above pays that in its last copy.
-        # dd, cp and cat read into page-aligned buffers: so does this read.
+        # an address a few bytes further into its page runs 3-4x slower on the development
+        # VM's CPU than to an aligned one (BENCHMARKS.md), so every page-cache read above pays
+        # that in its last copy. dd, cp and cat read into page-aligned buffers: so does this.
         r["read, aligned buffer GB/s"] = fio(
             directory, "read", "1M", size, ["--iomem_align=4k"]
         )["GB/s"]
