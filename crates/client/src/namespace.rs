@@ -672,6 +672,34 @@ impl Client {
                 done => return done,
             }
         }
+        if parent != new_parent && self.lookup_entry(parent, name).await?.kind == FileKind::Dir {
+            // Its loop check and its changes are one decision under the cluster's rename lock,
+            // which another directory's move across parents also takes.
+            let holder = rand::random::<u64>();
+            self.meta(ROOT_INO, Op::RenameLock { holder }).await?;
+            let moved = self
+                .rename_across(parent, name, new_parent, new_name, noreplace)
+                .await;
+            // Not given back (the server is gone), the lock is lost with its lease.
+            if let Err(e) = self.meta(ROOT_INO, Op::RenameUnlock { holder }).await {
+                warn!("giving back the rename lock: {e}");
+            }
+            return moved;
+        }
+        self.rename_across(parent, name, new_parent, new_name, noreplace)
+            .await
+    }
+
+    /// A rename that [`Self::rename_within`] could not do alone: across directories, or onto a
+    /// directory. Looks both names up afresh (under the rename lock when moving a directory).
+    async fn rename_across(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        noreplace: bool,
+    ) -> Result<Moved> {
         let src = self.lookup_entry(parent, name).await?;
         let dst = match self.lookup_entry(new_parent, new_name).await {
             Ok(e) => Some(e),

@@ -241,6 +241,9 @@ struct OpenFile {
     sync: bool,
     /// Opened with `FOPEN_DIRECT_IO`: its writes bypass the kernel's pages of the file.
     direct: bool,
+    /// Opened with `O_APPEND` (without the writeback cache): each write goes to the end this
+    /// mount knows (`Handles::append`), not where the kernel put it.
+    append: bool,
     /// The size this handle's writes made, until they are published (0 when there are none):
     /// `stat` by path on this mount must see it, as POSIX wants, before the close.
     unpublished: AtomicU64,
@@ -545,10 +548,12 @@ impl Fs {
     }
 
     /// A truncate sets the size, whatever open handles wrote before it.
-    fn forget_unpublished(&self, ino: u64) {
-        for f in self.files().of(ino) {
+    fn truncated(&self, ino: u64, size: u64) {
+        let mut files = self.files();
+        for f in files.of(ino) {
             f.unpublished.store(0, Ordering::Relaxed);
         }
+        files.truncated(ino, size);
     }
 
     /// Directories whose every name this mount knows, unless leases are off.
@@ -818,19 +823,21 @@ impl Fs {
 
     fn keep(&self, f: File, flags: i32) -> FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let ino = f.ino();
+        let (ino, end) = (f.ino(), f.len());
         let handle = OpenFile {
             ino,
             file: tokio::sync::Mutex::new(f),
             sync: flags & (libc::O_SYNC | libc::O_DSYNC) != 0,
             direct: self.open_flags(flags).contains(FopenFlags::FOPEN_DIRECT_IO),
+            append: flags & libc::O_APPEND != 0 && !self.opts.writeback_cache,
             unpublished: AtomicU64::new(0),
             stale: AtomicBool::new(false),
             unmade: AtomicI32::new(0),
             written_to: AtomicU64::new(0),
             dropped_to: AtomicU64::new(0),
         };
-        self.files().insert(fh, ino, handle);
+        let truncated = flags & libc::O_TRUNC != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY;
+        self.files().insert(fh, ino, handle, end, truncated);
         FileHandle(fh)
     }
 
@@ -872,12 +879,16 @@ impl Fs {
     /// fio's 1 MiB writes ran up to 2x faster, but reading back through the handle (temporary
     /// files, HDF5, SQLite) 8-30x slower (BENCHMARKS.md).
     ///
+    /// An appending handle bypasses it as well: its writes land where the mount places them
+    /// (`OpenFile::append`), which may not be where the kernel would have put their pages.
+    ///
     /// A read-only handle has nothing to publish at close: the kernel need not send FLUSH.
     fn open_flags(&self, flags: i32) -> FopenFlags {
         let access = flags & libc::O_ACCMODE;
         let write_only = access == libc::O_WRONLY && !self.opts.writeback_cache;
+        let append = flags & libc::O_APPEND != 0 && !self.opts.writeback_cache;
         let mut out = FopenFlags::empty();
-        if self.opts.direct_io || write_only {
+        if self.opts.direct_io || write_only || append {
             out |= FopenFlags::FOPEN_DIRECT_IO;
         }
         if access == libc::O_RDONLY {
@@ -963,7 +974,9 @@ fn open_options(flags: i32, mode: u32) -> OpenOptions {
     OpenOptions {
         read: true,
         write: acc == libc::O_WRONLY || acc == libc::O_RDWR,
-        append: flags & libc::O_APPEND != 0,
+        // The mount places appends itself (`OpenFile::append`); the kernel's writeback of
+        // cached pages gives their real offsets.
+        append: false,
         truncate: flags & libc::O_TRUNC != 0,
         create: false,
         create_new: false,
@@ -981,10 +994,9 @@ impl Filesystem for TesseraFs {
         if self.0.opts.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
-        if self.0.opts.direct_io {
-            // Programs still map files (databases do); the kernel keeps mapped pages coherent.
-            want |= InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
-        }
+        // Programs still map files (databases do), also through handles that bypass the page
+        // cache; the kernel keeps mapped pages coherent.
+        want |= InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
         if !self.0.opts.attr_ttl.is_zero() {
             // Attributes handed out with a listing are only worth it if the kernel keeps them;
             // AUTO lets it use readdirplus where lookups follow a listing (ls -l, find).
@@ -1066,8 +1078,8 @@ impl Filesystem for TesseraFs {
                     r?;
                     attr.size = None;
                 }
-                if size.is_some() {
-                    fs.forget_unpublished(ino.0);
+                if let Some(size) = size {
+                    fs.truncated(ino.0, size);
                     fs.bytes_changed(ino.0, fh.unwrap_or(FileHandle(0)));
                 }
                 fs.client.setattr(ino.0, attr).await
@@ -1403,6 +1415,11 @@ impl Filesystem for TesseraFs {
         if let Some(e) = h.unmade() {
             return reply.error(e);
         }
+        // Not a page of a mapping written back: those go where they belong.
+        let offset = match h.append && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+            true => (self.0.files().append(h.ino, data.len() as u64)).unwrap_or(offset),
+            false => offset,
+        };
         let r = self.0.here(async {
             let mut f = h.file.lock().await;
             // A small output's bytes wait in the handle until its close, and need not wait
@@ -1414,6 +1431,7 @@ impl Filesystem for TesseraFs {
                 }
             }
             let n = f.write_at(offset, data).await.map_err(|e| errno(&e))?;
+            self.0.files().wrote(h.ino, offset + n as u64);
             self.0.bytes_changed(h.ino, fh);
             if h.sync {
                 let r = f.flush().await;

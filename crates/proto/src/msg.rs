@@ -13,6 +13,8 @@ pub const NAME_MAX: usize = 255;
 /// How long a change waits for the holder of a directory's completeness promise to give it
 /// back (`Notice::Listing`, `Op::Relinquish`) before it goes ahead anyway.
 pub const RECALL_PATIENCE: Duration = Duration::from_secs(2);
+/// How long [`Op::RenameLock`] stays with a holder that does not give it back (it died).
+pub const RENAME_LEASE: Duration = Duration::from_secs(10);
 /// Largest number of entries a server returns for one [`Op::DirList`].
 pub const DIR_PAGE_MAX: u32 = 1024;
 /// Inodes carried in one page of a listing, at most this many bytes of them (symlink targets
@@ -301,6 +303,15 @@ pub enum Op {
         from: u64,
         fence: bool,
     },
+    /// Take the cluster's rename lock (at the primary of the root's partition) for `holder`, a
+    /// number the caller drew. A rename that moves a directory to another parent holds it for
+    /// its loop check and its changes, so two such renames cannot each pass the check and
+    /// together cut a subtree off (as the kernel's per-file-system rename lock does). Waits
+    /// while another holds it; a holder that neither finishes nor releases it loses it after
+    /// [`RENAME_LEASE`]. Reply: `Ok`.
+    RenameLock { holder: u64 },
+    /// Give the rename lock back (nothing happens unless `holder` holds it). Reply: `Ok`.
+    RenameUnlock { holder: u64 },
 }
 
 /// One piece of a partition's state, sent by the primary to a node receiving the partition.

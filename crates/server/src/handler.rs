@@ -10,6 +10,7 @@
 
 use crate::peers::Peers;
 use crate::purge;
+use crate::rename_lock::RenameLock;
 use crate::store::{Delta, Links, Snapshot, Store};
 use crate::watch::{self, Watches};
 use bytes::{Bytes, BytesMut};
@@ -17,10 +18,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
-use tessera_placement::{meta_partition, stripe_partition, Epoch, Ino, NodeId, PartitionId};
+use tessera_placement::{
+    meta_partition, stripe_partition, Epoch, Ino, NodeId, PartitionId, ROOT_INO,
+};
 use tessera_proto::{
     BufferPool, ClusterConfig, Conn, ErrorCode, Handler, NodeStats, Notice, Op, Reply, Request,
-    Response, RpcConfig, TableInfo, Watcher, RECALL_PATIENCE,
+    Response, RpcConfig, TableInfo, Watcher, RECALL_PATIENCE, RENAME_LEASE,
 };
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
@@ -77,6 +80,8 @@ pub struct NodeHandler {
     watches: Watches,
     /// Woken when a holder gives a directory's completeness back (`Op::Relinquish`).
     relinquished: Notify,
+    /// Held by directory renames across parents, at the primary of the root's partition.
+    rename_lock: Arc<RenameLock>,
     sessions: Mutex<HashMap<(PartitionId, NodeId), Session>>,
     /// Deleted files whose stripes are still to be dropped ([`crate::purge`]).
     pub(crate) purge: purge::Queue,
@@ -143,6 +148,7 @@ impl NodeHandler {
                 .collect(),
             watches: Watches::new(config.partitions, watch::MAX_PROMISES),
             relinquished: Notify::new(),
+            rename_lock: Arc::default(),
             sessions: Mutex::default(),
             purge: purge::Queue::default(),
             fences: Mutex::default(),
@@ -320,6 +326,7 @@ impl NodeHandler {
             | Op::DirCreate { dir, .. }
             | Op::Relinquish { dir } => Some(meta_partition(*dir, p)),
             Op::SyncPull { partition, .. } => Some(*partition),
+            Op::RenameLock { .. } | Op::RenameUnlock { .. } => Some(meta_partition(ROOT_INO, p)),
             Op::TruncateStripes { .. } | Op::DropFiles { .. } | Op::NodeStats => None,
         }
     }
@@ -384,6 +391,9 @@ impl NodeHandler {
             self.relinquished.notify_waiters();
             return now(ok());
         }
+        if let Op::RenameLock { holder } | Op::RenameUnlock { holder } = op {
+            return self.rename_lock(&t, p, &op, holder);
+        }
         let recalled = match (watch::recalls(&op), self.watches.lock(p)) {
             (Some(dir), Some(mut locked)) => Some((dir, locked.recall(dir, from))),
             _ => None,
@@ -417,6 +427,29 @@ impl NodeHandler {
             }));
         }
         now(self.apply_promised(from, &t.held, p, op, payload))
+    }
+
+    /// Takes or gives back the rename lock, which only the primary of the root's partition
+    /// keeps. A wait that outlasts a lease answers `NotReady`, and the client asks again.
+    fn rename_lock(&self, t: &Installed, p: PartitionId, op: &Op, holder: u64) -> Reply {
+        if t.info.table.primary(p) != Some(self.node) {
+            return now(err(stale(t.info.table.epoch())));
+        }
+        let lock = Arc::clone(&self.rename_lock);
+        match op {
+            Op::RenameUnlock { .. } => {
+                lock.release(holder);
+                now(ok())
+            }
+            _ if lock.take_now(holder) => now(ok()),
+            _ => Reply::Detached(Box::pin(async move {
+                if lock.take(holder, RENAME_LEASE + RECALL_POLL).await {
+                    ok()
+                } else {
+                    err(ErrorCode::NotReady("the rename lock is busy".into()))
+                }
+            })),
+        }
     }
 
     /// Waits until the `holders` of `dir`'s completeness gave it back or are gone, at most
@@ -729,6 +762,9 @@ impl NodeHandler {
                 "a relinquished promise is answered where it is held, not applied".into(),
             )),
             Op::SyncPull { .. } => Err(ErrorCode::Invalid("a sync pull is not applied".into())),
+            Op::RenameLock { .. } | Op::RenameUnlock { .. } => Err(ErrorCode::Invalid(
+                "the rename lock is kept where it is asked for, not applied".into(),
+            )),
         };
         result.unwrap_or_else(err)
     }

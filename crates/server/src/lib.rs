@@ -6,6 +6,7 @@
 pub mod handler;
 mod peers;
 mod purge;
+mod rename_lock;
 pub mod store;
 mod sync;
 pub mod watch;
