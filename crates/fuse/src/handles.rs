@@ -8,7 +8,8 @@
 //! Each inode with handles also has its end as this mount knows it: the size its opens found,
 //! moved by this mount's writes and truncates. Appends are placed there, one after the other:
 //! the kernel's idea of the size lags behind writes other handles still buffer, and each
-//! handle's own size knows only its writes.
+//! handle's own size knows only its writes. The end is kept while an open of the inode is on
+//! its way too: its answer may predate a publish whose handle is released before it arrives.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,6 +23,8 @@ pub(crate) struct Handles<V> {
 struct Open<V> {
     handles: Vec<(u64, Arc<V>)>,
     end: u64,
+    /// Opens of the inode on their way ([`Handles::opening`]).
+    opening: u32,
 }
 
 impl<V> Default for Handles<V> {
@@ -41,6 +44,7 @@ impl<V> Handles<V> {
         let open = self.by_ino.entry(ino).or_insert_with(|| Open {
             handles: Vec::new(),
             end,
+            opening: 0,
         });
         open.end = if truncated { end } else { open.end.max(end) };
         open.handles.push((fh, Arc::clone(&v)));
@@ -56,11 +60,37 @@ impl<V> Handles<V> {
         let (ino, v) = self.by_fh.remove(&fh)?;
         if let Some(open) = self.by_ino.get_mut(&ino) {
             open.handles.retain(|(k, _)| *k != fh);
-            if open.handles.is_empty() {
-                self.by_ino.remove(&ino);
-            }
+            self.forget_unused(ino);
         }
         Some(v)
+    }
+
+    /// An open of `ino` is on its way: its end is kept until [`Handles::open_done`].
+    pub fn opening(&mut self, ino: u64) {
+        let open = self.by_ino.entry(ino).or_insert_with(|| Open {
+            handles: Vec::new(),
+            end: 0,
+            opening: 0,
+        });
+        open.opening += 1;
+    }
+
+    /// The open of `ino` announced by [`Handles::opening`] is answered (and kept, or failed).
+    pub fn open_done(&mut self, ino: u64) {
+        if let Some(open) = self.by_ino.get_mut(&ino) {
+            open.opening = open.opening.saturating_sub(1);
+            self.forget_unused(ino);
+        }
+    }
+
+    fn forget_unused(&mut self, ino: u64) {
+        if self
+            .by_ino
+            .get(&ino)
+            .is_some_and(|open| open.handles.is_empty() && open.opening == 0)
+        {
+            self.by_ino.remove(&ino);
+        }
     }
 
     /// Every handle, leaving none.
@@ -174,5 +204,22 @@ mod tests {
             Some(9),
             "a new open starts from what it found"
         );
+    }
+
+    #[test]
+    fn the_end_outlives_the_last_handle_while_an_open_is_on_its_way() {
+        let mut h = Handles::default();
+        h.insert(1, 7, "a", 0, false);
+        h.opening(7);
+        assert_eq!(h.append(7, 10), Some(0));
+        h.remove(1);
+        // Its answer found the size before the released handle's append was published.
+        h.insert(2, 7, "b", 0, false);
+        h.open_done(7);
+        assert_eq!(h.append(7, 1), Some(10));
+        h.remove(2);
+        h.opening(8);
+        h.open_done(8);
+        assert!(h.by_ino.is_empty(), "nothing kept for a failed open");
     }
 }

@@ -300,6 +300,16 @@ struct Fs {
     leases: Option<Arc<Leases>>,
 }
 
+/// Ends an open announced with `Handles::opening` when dropped, once its handle is kept (or
+/// it failed).
+struct OpenDone<'a>(&'a Fs, u64);
+
+impl Drop for OpenDone<'_> {
+    fn drop(&mut self) {
+        self.0.files().open_done(self.1);
+    }
+}
+
 /// What a negative entry carries: only its inode number (0) means anything.
 fn absent() -> FileAttr {
     FileAttr {
@@ -1270,8 +1280,11 @@ impl Filesystem for TesseraFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.0.await_ahead(&[ino.0]);
+        self.0.files().opening(ino.0);
         self.serve(move |fs| async move {
-            match fs.client.open_ino(ino.0, &open_options(flags.0, 0)).await {
+            let opened = fs.client.open_ino(ino.0, &open_options(flags.0, 0)).await;
+            let _done = OpenDone(&fs, ino.0);
+            match opened {
                 // No name leads to it any more, and no descriptor here holds it: the kernel's
                 // name for it is stale (the file was removed or replaced elsewhere while a
                 // handle, or a close still on its way, kept it). ESTALE makes the kernel look
