@@ -1,11 +1,18 @@
 //! `tessera up`: a whole cluster on this machine, as child processes of this one: a manager and
 //! N servers on 127.0.0.2, .3, ... Ctrl-C (or SIGTERM) stops all of it.
+//!
+//! `up` outlives its servers and its mount: one that dies is reported and, unless
+//! `--respawn false`, started again (a server joins as a new node and receives its share;
+//! the dead mount is detached and mounted anew), later each time it dies again soon. With
+//! mirrors the cluster loses nothing meanwhile; without, the files with stripes on the dead
+//! server fail with EIO. Only the manager's death stops the cluster: a new one would not
+//! know it.
 
 use crate::config::{self, FileConfig};
 use crate::Cli;
 use anyhow::{bail, Context, Result};
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tessera_client::Client;
 use tokio::process::{Child, Command};
 
@@ -31,6 +38,23 @@ pub struct UpArgs {
     /// With --elastic, servers the policy adds are local processes offering --memory each.
     #[command(flatten)]
     elastic: crate::ElasticArgs,
+    /// Start a server or the mount again when it dies (false: report it and go on without).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    respawn: bool,
+}
+
+/// The first restart of a process that died waits this long, each further one twice as long
+/// as the last, up to [`RESPAWN_MAX`]; a process that ran [`RESPAWN_RESET`] starts over.
+const RESPAWN_FIRST: Duration = Duration::from_secs(1);
+const RESPAWN_MAX: Duration = Duration::from_secs(60);
+const RESPAWN_RESET: Duration = Duration::from_secs(60);
+
+/// How long to wait before starting again a process that died after `failures` deaths in a
+/// row.
+fn respawn_delay(failures: u32) -> Duration {
+    RESPAWN_FIRST
+        .saturating_mul(1 << failures.min(6))
+        .min(RESPAWN_MAX)
 }
 
 /// Half of MemAvailable, split among `servers`, in whole MiB.
@@ -66,46 +90,148 @@ fn child(args: &[String], secret: &str) -> Result<Child> {
         .with_context(|| format!("starting tessera {}", args.join(" ")))
 }
 
-struct Children(Vec<(String, Child)>);
+/// What a child of `up` is, which decides what its death means.
+#[derive(Clone, Debug, PartialEq)]
+enum Role {
+    Manager,
+    Server,
+    Mount(std::path::PathBuf),
+}
+
+/// A process `up` started, and how to start it again.
+struct Member {
+    name: String,
+    role: Role,
+    args: Vec<String>,
+    /// `None` while it waits to be started again.
+    child: Option<Child>,
+    started: Instant,
+    /// Deaths in a row, each soon after its start: how long the next restart waits.
+    failures: u32,
+    restart_at: Option<Instant>,
+}
+
+struct Children {
+    members: Vec<Member>,
+    secret: String,
+}
 
 impl Children {
+    fn new(secret: &str) -> Self {
+        Self {
+            members: Vec::new(),
+            secret: secret.into(),
+        }
+    }
+
+    fn start(&mut self, name: String, role: Role, args: Vec<String>) -> Result<()> {
+        let child = child(&args, &self.secret)?;
+        self.members.push(Member {
+            name,
+            role,
+            args,
+            child: Some(child),
+            started: Instant::now(),
+            failures: 0,
+            restart_at: None,
+        });
+        Ok(())
+    }
+
     /// SIGTERM to all, then SIGKILL to whatever still runs after 5 s.
     async fn stop(&mut self) {
-        for (_, c) in &self.0 {
+        for c in self.members.iter().filter_map(|m| m.child.as_ref()) {
             if let Some(pid) = c.id() {
                 // SAFETY: kill(2) on our own child's pid.
                 unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
             }
         }
-        for (name, c) in &mut self.0 {
+        for m in &mut self.members {
+            let Some(c) = m.child.as_mut() else { continue };
             if tokio::time::timeout(Duration::from_secs(5), c.wait())
                 .await
                 .is_err()
             {
-                eprintln!("{name} did not stop in 5 s; killing it");
+                eprintln!("{} did not stop in 5 s; killing it", m.name);
                 let _ = c.kill().await;
             }
         }
     }
 
-    /// Resolves when a child fails, naming it. A server that exits cleanly was drained and
-    /// retired by the manager (scale-in): it is let go, the cluster goes on.
+    /// The first child to fail while the cluster starts, named.
     async fn first_exit(&mut self) -> String {
         loop {
-            let mut failed = None;
-            self.0.retain_mut(|(name, c)| match c.try_wait() {
-                Ok(Some(status)) if status.success() && name.starts_with("server") => {
-                    eprintln!("{name} was retired (scale-in)");
-                    false
+            for m in &mut self.members {
+                if let Some(Ok(Some(status))) = m.child.as_mut().map(Child::try_wait) {
+                    return format!("{} exited ({status})", m.name);
                 }
-                Ok(Some(status)) => {
-                    failed.get_or_insert(format!("{name} exited ({status})"));
-                    true
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Watches the children of a running cluster until the manager dies (the error says
+    /// how). A server that exits cleanly was drained and retired by the manager (scale-in):
+    /// it is let go. Any other death is reported, and the process started again if `respawn`.
+    async fn supervise(&mut self, respawn: bool) -> Result<()> {
+        loop {
+            let now = Instant::now();
+            let mut retired = Vec::new();
+            for (i, m) in self.members.iter_mut().enumerate() {
+                let Some(Ok(Some(status))) = m.child.as_mut().map(Child::try_wait) else {
+                    continue;
+                };
+                m.child = None;
+                match &m.role {
+                    Role::Manager => bail!("the manager exited ({status})"),
+                    Role::Server if status.success() => {
+                        eprintln!("{} was retired (scale-in)", m.name);
+                        retired.push(i);
+                        continue;
+                    }
+                    Role::Server => {}
+                    Role::Mount(dir) => {
+                        // What is left is a dead mount ("transport endpoint is not
+                        // connected"): detached, the directory can be mounted again.
+                        if let Err(e) = tessera_fuse::unmount(dir) {
+                            tracing::debug!("detaching the dead mount {}: {e}", dir.display());
+                        }
+                    }
                 }
-                _ => true,
-            });
-            if let Some(why) = failed {
-                return why;
+                if now.duration_since(m.started) >= RESPAWN_RESET {
+                    m.failures = 0;
+                }
+                let why = format!("{} exited ({status})", m.name);
+                if respawn {
+                    let delay = respawn_delay(m.failures);
+                    m.failures += 1;
+                    m.restart_at = Some(now + delay);
+                    tracing::warn!("{why}; starting it again in {delay:?}");
+                    eprintln!("{why}; starting it again in {delay:?}");
+                } else {
+                    tracing::warn!("{why}; the cluster goes on without it");
+                    eprintln!("{why}; the cluster goes on without it");
+                }
+            }
+            for i in retired.into_iter().rev() {
+                self.members.remove(i);
+            }
+            for m in &mut self.members {
+                if m.restart_at.is_some_and(|at| at <= now) {
+                    m.restart_at = None;
+                    match child(&m.args, &self.secret) {
+                        Ok(c) => {
+                            eprintln!("{} started again", m.name);
+                            m.child = Some(c);
+                            m.started = now;
+                        }
+                        Err(e) => {
+                            m.restart_at = Some(now + respawn_delay(m.failures));
+                            m.failures += 1;
+                            eprintln!("{}: {e:#}", m.name);
+                        }
+                    }
+                }
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -164,7 +290,8 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
         margs.extend(args.elastic.to_args());
     }
 
-    let mut children = Children(vec![("manager".into(), child(&margs, &secret)?)]);
+    let mut children = Children::new(&secret);
+    children.start("manager".into(), Role::Manager, margs)?;
     for i in 0..servers {
         let sargs: Vec<String> = vec![
             "server".into(),
@@ -177,9 +304,7 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
             "--label".into(),
             format!("local-{}", i + 1),
         ];
-        children
-            .0
-            .push((format!("server {}", i + 1), child(&sargs, &secret)?));
+        children.start(format!("server {}", i + 1), Role::Server, sargs)?;
     }
 
     let mut opts = cli.client_options(manager_addr, &secret);
@@ -205,7 +330,7 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
         if args.allow_other {
             margs.push("--allow-other".into());
         }
-        children.0.push(("mount".into(), child(&margs, &secret)?));
+        children.start("the mount".into(), Role::Mount(dir.clone()), margs)?;
         wait_mounted(dir, &mut children).await?;
     }
     let file = config::cluster_file();
@@ -224,16 +349,13 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
     println!("Try: tessera status; tessera cp -r ./data tessera:/data. Ctrl-C stops the cluster.");
 
     let outcome = tokio::select! {
-        r = crate::shutdown_signal() => r.map(|()| None),
-        why = children.first_exit() => Ok(Some(why)),
+        r = crate::shutdown_signal() => r,
+        r = children.supervise(args.respawn) => r,
     };
     eprintln!("stopping the cluster");
     children.stop().await;
     let _ = std::fs::remove_file(&file);
-    match outcome? {
-        Some(why) => bail!("{why}; the cluster was stopped"),
-        None => Ok(()),
-    }
+    outcome.context("the cluster was stopped")
 }
 
 /// Waits until the mount child has mounted `dir` (its device differs from its parent's).
@@ -247,10 +369,9 @@ async fn wait_mounted(dir: &std::path::Path, children: &mut Children) -> Result<
         if std::fs::metadata(dir).is_ok_and(|m| m.dev() != parent_dev) {
             return Ok(());
         }
-        let exited = children
-            .0
-            .last_mut()
-            .and_then(|(_, c)| c.try_wait().ok().flatten());
+        let exited = (children.members.last_mut())
+            .and_then(|m| m.child.as_mut())
+            .and_then(|c| c.try_wait().ok().flatten());
         if let Some(status) = exited {
             children.stop().await;
             bail!(

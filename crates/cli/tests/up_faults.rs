@@ -1,0 +1,174 @@
+//! `tessera up` as a user starts it, outliving the death of its children: a server killed
+//! with SIGKILL during I/O, with mirrors, loses nothing, the cluster stays up, and a new server
+//! takes the dead one's place. Needs root and /dev/fuse.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const TESSERA: &str = env!("CARGO_BIN_EXE_tessera");
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    l.local_addr().expect("its address").port()
+}
+
+/// `tessera up` in the background; stopped with SIGINT (Ctrl-C) when dropped.
+struct Up(Child);
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The pids of `up`'s children that run `tessera server`.
+fn servers_of(up: u32) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // Field 4, after the parenthesised name, is the parent's pid.
+        let parent = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let server = cmdline.split(|b| *b == 0).nth(1) == Some(b"server".as_slice());
+        if parent == Some(up) && server {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Bytes of file `n`: a few stripes, distinct per file.
+fn content(n: u64, len: usize) -> Vec<u8> {
+    let mut x = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn live_nodes(home: &Path) -> usize {
+    let out = Command::new(TESSERA)
+        .args(["status", "--json"])
+        .env("TESSERA_HOME", home)
+        .output()
+        .expect("tessera status");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["nodes"]
+        .as_array()
+        .map_or(0, |n| n.iter().filter(|n| n["alive"] == true).count())
+}
+
+#[test]
+fn up_outlives_a_killed_server_loses_nothing_and_starts_it_again() {
+    let home = tempfile::tempdir().expect("a home");
+    let home = home.path().to_path_buf();
+    let mnt = home.join("mnt");
+    std::fs::create_dir(&mnt).expect("mount point");
+    let (m, h) = (free_port(), free_port());
+    let child = Command::new(TESSERA)
+        .args(["up", "--servers", "4", "--memory", "256MiB"])
+        .args(["--replication", "2", "--dead-after", "1s"])
+        .args(["--manager", &format!("127.0.0.1:{m}")])
+        .args(["--http", &format!("127.0.0.1:{h}")])
+        .arg("--mount")
+        .arg(&mnt)
+        .env("TESSERA_HOME", &home)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(home.join("up.log")).expect("log"))
+        .spawn()
+        .expect("tessera up");
+    let mut up = Up(child);
+    let parent_dev = std::fs::metadata(&home).expect("home").dev();
+    wait_until("mounted", Duration::from_secs(60), || {
+        std::fs::metadata(&mnt).is_ok_and(|m| m.dev() != parent_dev)
+            && home.join("cluster.toml").exists()
+    });
+
+    // Written and closed before the crash, and during it: every acknowledged file must read
+    // back whole.
+    let len = 3 << 20;
+    for n in 0..8 {
+        std::fs::write(mnt.join(format!("before-{n}")), content(n, len)).expect("write");
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, mnt) = (Arc::clone(&stop), mnt.clone());
+        std::thread::spawn(move || {
+            let mut acknowledged = Vec::new();
+            for n in 100.. {
+                if stop.load(Ordering::Relaxed) || n > 400 {
+                    break;
+                }
+                let path: PathBuf = mnt.join(format!("during-{n}"));
+                if std::fs::write(&path, content(n, len)).is_ok() {
+                    acknowledged.push(n);
+                }
+            }
+            acknowledged
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let before = servers_of(up.0.id());
+    assert_eq!(before.len(), 4, "four servers: {before:?}");
+    // SAFETY: a server process of this test's own `tessera up`.
+    unsafe { libc::kill(before[1] as i32, libc::SIGKILL) };
+    std::thread::sleep(Duration::from_secs(4));
+    stop.store(true, Ordering::Relaxed);
+    let during = writer.join().expect("writer");
+
+    assert!(
+        up.0.try_wait().expect("up").is_none(),
+        "tessera up stopped when a server died: {}",
+        std::fs::read_to_string(home.join("up.log")).unwrap_or_default()
+    );
+    assert!(!during.is_empty(), "no write succeeded around the crash");
+    let files = (0..8)
+        .map(|n| (n, format!("before-{n}")))
+        .chain(during.iter().map(|n| (*n, format!("during-{n}"))));
+    for (n, name) in files {
+        let back = std::fs::read(mnt.join(&name)).expect("read back");
+        assert!(back == content(n, len), "{name} changed after the crash");
+    }
+    wait_until(
+        "a new server in the dead one's place",
+        Duration::from_secs(60),
+        || servers_of(up.0.id()).len() == 4 && live_nodes(&home) == 4,
+    );
+    let log = std::fs::read_to_string(home.join("up.log")).unwrap_or_default();
+    assert!(
+        log.contains("exited (signal: 9") && log.contains("started again"),
+        "the death and the restart are reported: {log}"
+    );
+    // SAFETY: signalling our own child; Ctrl-C still stops everything.
+    unsafe { libc::kill(up.0.id() as i32, libc::SIGINT) };
+    let status = up.0.wait().expect("up ends");
+    assert!(status.success(), "up after Ctrl-C: {status}");
+    assert!(
+        std::fs::metadata(&mnt).is_ok_and(|m| m.dev() == parent_dev),
+        "unmounted at the end"
+    );
+}
