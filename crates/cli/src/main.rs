@@ -11,7 +11,7 @@ mod status;
 mod stream;
 mod up;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -376,10 +376,29 @@ async fn run_server(cli: &Cli, args: &ServerArgs, cfg: &config::FileConfig) -> R
     }
     let running = tessera_server::start(opts).await?;
     eprintln!("server {} listening on {}", running.node(), running.addr());
-    tokio::select! {
-        () = running.wait() => Ok(()),
-        r = shutdown_signal() => r,
+    let ended = tokio::select! {
+        ended = running.wait() => ended,
+        r = shutdown_signal() => return r,
+    };
+    match ended {
+        tessera_server::Ended::Retired => Ok(()),
+        tessera_server::Ended::Forgotten => rejoin(),
+        tessera_server::Ended::Failed => bail!("the server stopped serving"),
     }
+}
+
+/// A server the manager forgot (stopped or cut off too long: its partitions were rebuilt
+/// elsewhere) starts over as this same command, in this same process: what it held is stale,
+/// and everything it had (memory, connections still serving the old table) goes at once.
+/// It registers as a new node and receives its share again.
+fn rejoin() -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    eprintln!("the manager forgot this server: starting over as a new node");
+    let exe = std::env::current_exe().context("finding the tessera executable")?;
+    let e = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .exec();
+    Err(anyhow::anyhow!(e).context("starting over"))
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -1,6 +1,7 @@
 //! `tessera up` as a user starts it, outliving the death of its children: a server killed
 //! with SIGKILL during I/O, with mirrors, loses nothing, the cluster stays up, and a new server
-//! takes the dead one's place. Needs root and /dev/fuse.
+//! takes the dead one's place; a server stopped (SIGSTOP) past the dead-node time comes back
+//! as a new node and serves nothing stale. Needs root and /dev/fuse.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -82,10 +83,9 @@ fn live_nodes(home: &Path) -> usize {
         .map_or(0, |n| n.iter().filter(|n| n["alive"] == true).count())
 }
 
-#[test]
-fn up_outlives_a_killed_server_loses_nothing_and_starts_it_again() {
-    let home = tempfile::tempdir().expect("a home");
-    let home = home.path().to_path_buf();
+/// `tessera up` of 4 servers with two copies of everything, mounted on `home/mnt`; waits
+/// until the mount is there. Returns it and the device of `home`.
+fn up_mirrored(home: &Path) -> (Up, PathBuf, u64) {
     let mnt = home.join("mnt");
     std::fs::create_dir(&mnt).expect("mount point");
     let (m, h) = (free_port(), free_port());
@@ -96,17 +96,25 @@ fn up_outlives_a_killed_server_loses_nothing_and_starts_it_again() {
         .args(["--http", &format!("127.0.0.1:{h}")])
         .arg("--mount")
         .arg(&mnt)
-        .env("TESSERA_HOME", &home)
+        .env("TESSERA_HOME", home)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(home.join("up.log")).expect("log"))
         .spawn()
         .expect("tessera up");
-    let mut up = Up(child);
-    let parent_dev = std::fs::metadata(&home).expect("home").dev();
+    let up = Up(child);
+    let parent_dev = std::fs::metadata(home).expect("home").dev();
     wait_until("mounted", Duration::from_secs(60), || {
         std::fs::metadata(&mnt).is_ok_and(|m| m.dev() != parent_dev)
             && home.join("cluster.toml").exists()
     });
+    (up, mnt, parent_dev)
+}
+
+#[test]
+fn up_outlives_a_killed_server_loses_nothing_and_starts_it_again() {
+    let home = tempfile::tempdir().expect("a home");
+    let home = home.path().to_path_buf();
+    let (mut up, mnt, parent_dev) = up_mirrored(&home);
 
     // Written and closed before the crash, and during it: every acknowledged file must read
     // back whole.
@@ -171,4 +179,42 @@ fn up_outlives_a_killed_server_loses_nothing_and_starts_it_again() {
         std::fs::metadata(&mnt).is_ok_and(|m| m.dev() == parent_dev),
         "unmounted at the end"
     );
+}
+
+#[test]
+fn a_server_stopped_past_the_dead_node_time_rejoins_as_a_new_node() {
+    let home = tempfile::tempdir().expect("a home");
+    let home = home.path().to_path_buf();
+    let (up, mnt, _) = up_mirrored(&home);
+    let len = 3 << 20;
+    for n in 0..8 {
+        std::fs::write(mnt.join(format!("f{n}")), content(n, len)).expect("write");
+    }
+    let stopped = servers_of(up.0.id())[2];
+    // SAFETY: a server process of this test's own `tessera up`.
+    unsafe { libc::kill(stopped as i32, libc::SIGSTOP) };
+    wait_until(
+        "the stopped server declared dead",
+        Duration::from_secs(30),
+        || live_nodes(&home) == 3,
+    );
+    // Changed while it sleeps: it must not answer with the old bytes later.
+    for n in 0..8 {
+        std::fs::write(mnt.join(format!("f{n}")), content(n + 1000, len)).expect("rewrite");
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(stopped as i32, libc::SIGCONT) };
+    wait_until(
+        "the stopped server back as a node",
+        Duration::from_secs(60),
+        || live_nodes(&home) == 4,
+    );
+    assert!(
+        servers_of(up.0.id()).contains(&stopped),
+        "the same process rejoined by itself"
+    );
+    for n in 0..8 {
+        let back = std::fs::read(mnt.join(format!("f{n}"))).expect("read back");
+        assert!(back == content(n + 1000, len), "f{n} read stale bytes");
+    }
 }

@@ -90,11 +90,24 @@ pub enum ServerError {
     Rejected(String),
 }
 
+/// Why a server stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Drained and retired by the manager (scale-in).
+    Retired,
+    /// The manager declared it dead (stopped, hung or cut off for longer than its dead-node
+    /// time) and forgot it: its partitions were rebuilt elsewhere, and what it holds is stale.
+    /// It may join again as a new, empty node.
+    Forgotten,
+    /// One of its tasks ended, which they do not.
+    Failed,
+}
+
 /// A running server.
 pub struct RunningServer {
     addr: SocketAddr,
     node: NodeId,
-    tasks: tokio::task::JoinSet<()>,
+    tasks: tokio::task::JoinSet<Ended>,
 }
 
 impl RunningServer {
@@ -106,9 +119,12 @@ impl RunningServer {
     pub fn node(&self) -> NodeId {
         self.node
     }
-    /// Runs until the server stops: retired by the manager after a drain (or a task failed).
-    pub async fn wait(mut self) {
-        self.tasks.join_next().await;
+    /// Runs until the server stops, and says why.
+    pub async fn wait(mut self) -> Ended {
+        match self.tasks.join_next().await {
+            Some(Ok(ended)) => ended,
+            _ => Ended::Failed,
+        }
     }
 }
 
@@ -191,25 +207,32 @@ pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
             }
         }
     });
-    tasks.spawn(tessera_proto::serve(
-        listener,
-        rpc.clone(),
-        Arc::new(Service(handler.clone())),
-    ));
-    tasks.spawn(sync::run(handler.clone(), opts.manager, opts.sync_rate));
-    tasks.spawn(purge::run(handler.clone()));
+    let serving = tessera_proto::serve(listener, rpc.clone(), Arc::new(Service(handler.clone())));
+    tasks.spawn(failed_at_end(serving));
+    tasks.spawn(failed_at_end(sync::run(
+        handler.clone(),
+        opts.manager,
+        opts.sync_rate,
+    )));
+    tasks.spawn(failed_at_end(purge::run(handler.clone())));
     tasks.spawn(heartbeat(handler, manager, opts, rpc));
     Ok(RunningServer { addr, node, tasks })
 }
 
+/// A task that should run for the server's life: its end is a failure.
+async fn failed_at_end(task: impl std::future::Future<Output = ()>) -> Ended {
+    task.await;
+    Ended::Failed
+}
+
 /// Reports statistics every `heartbeat` and installs newer tables; reconnects to the manager
-/// whenever it has to, forever.
+/// whenever it has to, until the manager retires or forgets this node.
 async fn heartbeat(
     handler: Arc<NodeHandler>,
     manager: RpcClient,
     opts: ServerOptions,
     rpc: Arc<RpcConfig>,
-) {
+) -> Ended {
     let mut conn = Some(manager);
     loop {
         let pause = if handler.expire_fences() {
@@ -240,11 +263,11 @@ async fn heartbeat(
             Ok((Response::Retired, _)) => {
                 info!("drained and retired by the manager: exiting");
                 purge::finish(&handler, RETIRED_PURGE_WAIT).await;
-                return;
+                return Ended::Retired;
             }
             Ok((Response::Error(ErrorCode::NotFound), _)) => {
-                warn!("the manager no longer knows this node; it must be restarted to rejoin");
-                continue;
+                warn!("the manager declared this node dead and rebuilt its partitions elsewhere");
+                return Ended::Forgotten;
             }
             Ok((other, _)) => {
                 warn!("unexpected heartbeat answer {other:?}");
