@@ -2,6 +2,7 @@
 
 use std::io::Read;
 use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -57,43 +58,57 @@ impl Drop for Up {
     }
 }
 
+impl Up {
+    /// `tessera up` with `servers` servers of `memory` each, on a free manager port, its log in
+    /// `home`/up.log; returns once it has written its cluster file.
+    fn start(home: &Path, servers: u32, memory: &str) -> Self {
+        let manager = format!("127.0.0.1:{}", free_port());
+        let child = Command::new(TESSERA)
+            .args(["up", "--servers", &servers.to_string(), "--memory", memory])
+            .args(["--manager", &manager])
+            .args(["--http", &format!("127.0.0.1:{}", free_port())])
+            .env("TESSERA_HOME", home)
+            .env_remove("TESSERA_SECRET")
+            .env_remove("TESSERA_MANAGER")
+            .env_remove("TESSERA_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(home.join("up.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let mut up = Up(child);
+        let cluster_file = home.join("cluster.toml");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        // A file left from before may be there already: wait for this cluster's.
+        while !std::fs::read_to_string(&cluster_file).is_ok_and(|t| t.contains(&manager)) {
+            let log = || std::fs::read_to_string(home.join("up.log")).unwrap_or_default();
+            if let Some(status) = up.0.try_wait().unwrap() {
+                panic!("tessera up exited ({status}):\n{}", log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tessera up did not become ready:\n{}",
+                log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        up
+    }
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+fn chmod(p: &Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
 #[test]
 fn up_then_stage_data_in_and_out() {
     let home = tempfile::tempdir().unwrap();
     let home = home.path();
-    let (m, h) = (free_port(), free_port());
-    let child = Command::new(TESSERA)
-        .args([
-            "up",
-            "--servers",
-            "3",
-            "--memory",
-            "256MiB",
-            "--manager",
-            &format!("127.0.0.1:{m}"),
-            "--http",
-            &format!("127.0.0.1:{h}"),
-        ])
-        .env("TESSERA_HOME", home)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(home.join("up.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let mut up = Up(child);
+    let up = Up::start(home, 3, "256MiB");
     let cluster_file = home.join("cluster.toml");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !cluster_file.exists() {
-        let log = || std::fs::read_to_string(home.join("up.log")).unwrap_or_default();
-        if let Some(status) = up.0.try_wait().unwrap() {
-            panic!("tessera up exited ({status}):\n{}", log());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "tessera up did not become ready:\n{}",
-            log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
     let status = ok(home, &["status"]);
     assert!(
         status.contains("3 servers up") && status.matches(" up ").count() == 3,
@@ -194,4 +209,80 @@ fn configuration_mistakes_are_reported() {
         &["--manager", "not-an-address", "--secret", "s", "status"],
         "bad manager address",
     );
+}
+
+#[test]
+fn the_secret_is_never_in_a_file_others_can_read() {
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    // A cluster file left from before, that others can read (no secret in it, so nothing
+    // reading it has a reason to change it): `up` must not write the secret into it as it is.
+    let cluster_file = home.join("cluster.toml");
+    std::fs::write(&cluster_file, "manager = \"127.0.0.1:1\"\n").unwrap();
+    chmod(&cluster_file, 0o644);
+    let _up = Up::start(home, 1, "64MiB");
+    assert!(std::fs::read_to_string(&cluster_file)
+        .unwrap()
+        .contains("secret"));
+    assert_eq!(mode(&cluster_file), 0o600);
+    let names: Vec<_> = std::fs::read_dir(home)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        names.len(),
+        2,
+        "only the cluster file and the log: {names:?}"
+    );
+
+    // Someone opens it to others: the next command makes it private again, and says so.
+    chmod(&cluster_file, 0o644);
+    let out = tessera(home, &["status"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let said = format!(
+        "{} holds the cluster secret and other users can read it (mode 0644): made it 0600",
+        cluster_file.display()
+    );
+    assert!(
+        err.lines().any(|l| l.contains("WARN") && l.contains(&said)),
+        "{err}"
+    );
+    assert_eq!(mode(&cluster_file), 0o600);
+}
+
+#[test]
+fn a_secret_in_a_file_others_can_read_is_reported() {
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    let cfg = home.join("shared.toml");
+    std::fs::write(&cfg, "manager = \"127.0.0.1:1\"\nsecret = \"s\"\n").unwrap();
+    chmod(&cfg, 0o644);
+    let fix = format!("chmod 600 {}", cfg.display());
+    for by_env in [false, true] {
+        let mut cmd = Command::new(TESSERA);
+        if by_env {
+            cmd.env("TESSERA_CONFIG", &cfg);
+        } else {
+            cmd.arg("--config").arg(&cfg);
+        }
+        let out = cmd
+            .arg("status")
+            .env("TESSERA_HOME", home)
+            .env_remove("TESSERA_SECRET")
+            .env_remove("TESSERA_MANAGER")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let warned: Vec<_> = err.lines().filter(|l| l.contains(&fix)).collect();
+        assert!(
+            warned.len() == 1 && warned[0].contains("WARN") && warned[0].contains("secret"),
+            "{err}"
+        );
+        assert_eq!(mode(&cfg), 0o644, "the user's own file is theirs to change");
+    }
+    // Private, or without a secret: nothing to say.
+    chmod(&cfg, 0o600);
+    let out = tessera(home, &["--config", cfg.to_str().unwrap(), "status"]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("WARN"));
 }
