@@ -449,7 +449,7 @@ impl PyClient {
         let items: Vec<Py<PyAny>> = entries
             .iter()
             .map(|(name, inode)| {
-                let full = join(&p, name);
+                let full = join(&p, &String::from_utf8_lossy(name));
                 if detail {
                     inode_dict(py, &full, inode).map(|d| d.into_any().unbind())
                 } else {
