@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
+import stat
 import threading
 from pathlib import Path
 
@@ -290,11 +292,23 @@ def test_finding_the_cluster(
         Client()
     # the cluster file tessera up writes
     (tmp_path / "home").mkdir()
-    (tmp_path / "home" / "cluster.toml").write_text(
+    cluster_file = tmp_path / "home" / "cluster.toml"
+    cluster_file.write_text(
         f'manager = "{cluster.manager}"\nsecret = "{cluster.secret}"\nhttp = "x"\n'
     )
-    assert tessera.cluster_file() == tmp_path / "home" / "cluster.toml"
-    assert Client().manager == cluster.manager
+    assert tessera.cluster_file() == cluster_file
+    # a cluster file others can read is made private again, and said so
+    cluster_file.chmod(0o644)
+    with pytest.warns(UserWarning, match=f"{re.escape(str(cluster_file))} holds the cluster secret"):
+        assert Client().manager == cluster.manager
+    assert stat.S_IMODE(cluster_file.stat().st_mode) == 0o600
+    # a secret in a file of the user's that others can read: told how to fix it
+    shared = tmp_path / "shared.toml"
+    shared.write_text(f'secret = "{cluster.secret}"\n')
+    shared.chmod(0o644)
+    with pytest.warns(UserWarning, match=re.escape(f"chmod 600 {shared}")):
+        assert Client(config=shared).manager == cluster.manager
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o644
     # an explicit config file wins over the cluster file
     cfg = tmp_path / "c.toml"
     cfg.write_text('manager = "127.0.0.1:1"\n[server]\nmemory = "1g"\n')

@@ -303,6 +303,17 @@ def test_chmod_chown_utimens(d: Path) -> None:
     assert p.stat().st_mtime_ns >= before - 10_000_000
 
 
+def test_utime_before_1970(d: Path, other: Path) -> None:
+    # touch -d "1969-12-31 23:59:59.25": a POSIX timespec of -1 s and 0.25 s.
+    for i, ns in enumerate((-750_000_000, -1_000_000_000, -86_400_000_000_001, 1_250_000_000)):
+        p = d / f"f{i}"
+        p.write_bytes(b"x")
+        os.utime(p, ns=(ns - 1, ns))
+        for seen in (p, other / p.name):  # this mount, and what the cluster stored
+            st = seen.stat()
+            assert (st.st_atime_ns, st.st_mtime_ns) == (ns - 1, ns), (seen, ns)
+
+
 def test_statfs_reports_cluster_capacity(d: Path) -> None:
     capacity = int(os.environ.get("TESSERA_CAPACITY", "0"))
     s = os.statvfs(d)

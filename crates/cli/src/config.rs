@@ -5,7 +5,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The configuration file. Unknown keys are errors, so a typo does not silently do nothing.
 #[derive(Debug, Default, Clone, Deserialize, Serialize, PartialEq)]
@@ -40,36 +40,24 @@ pub struct ServerSection {
     pub label: Option<String>,
 }
 
-/// `$TESSERA_HOME`, or `~/.tessera`.
-pub fn home() -> PathBuf {
-    match std::env::var_os("TESSERA_HOME") {
-        Some(h) => PathBuf::from(h),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into()))
-            .join(".tessera"),
-    }
-}
+pub use tessera_client::config::cluster_file;
 
-/// Where `tessera up` leaves the address and secret of the cluster it runs.
-pub fn cluster_file() -> PathBuf {
-    home().join("cluster.toml")
-}
-
-pub fn read(path: &Path) -> Result<FileConfig> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    toml::from_str(&text).with_context(|| format!("bad configuration in {}", path.display()))
+/// A configuration file; `own` for the cluster file, which Tessera makes private again if
+/// someone opened it to other users.
+fn read(path: &Path, own: bool) -> Result<FileConfig> {
+    Ok(tessera_client::config::read(path, own)?.0)
 }
 
 /// The configuration in force: the explicit file (which must exist) over the cluster file.
 pub fn load(explicit: Option<&Path>) -> Result<FileConfig> {
     let base = match cluster_file() {
-        p if p.exists() => read(&p)?,
+        p if p.exists() => read(&p, true)?,
         _ => FileConfig::default(),
     };
     let Some(path) = explicit else {
         return Ok(base);
     };
-    let file = read(path)?;
+    let file = read(path, false)?;
     Ok(FileConfig {
         manager: file.manager.or(base.manager),
         secret: file.secret.or(base.secret),

@@ -385,20 +385,25 @@ async fn wait_mounted(dir: &std::path::Path, children: &mut Children) -> Result<
     bail!("{} was not mounted within 30 s", dir.display())
 }
 
+/// Writes the cluster file so that no other user can read the secret at any moment: a new file
+/// made 0600 (never an existing one, whatever its mode), filled, synced and renamed into place.
 fn write_cluster_file(
     path: &std::path::Path,
     manager: &str,
     http: &str,
     secret: &str,
 ) -> Result<()> {
+    use std::io::Write;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    if let Some(dir) = path.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .with_context(|| format!("creating {}", dir.display()))?;
-    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
     let cfg = FileConfig {
         manager: Some(manager.into()),
         secret: Some(secret.into()),
@@ -409,15 +414,29 @@ fn write_cluster_file(
         "# Written by `tessera up`; removed when it stops.\n{}",
         toml::to_string(&cfg)?
     );
-    let mut f = std::fs::OpenOptions::new()
+    let tmp = dir.join(format!(
+        ".cluster.toml.{}.{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    let written = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    std::io::Write::write_all(&mut f, text.as_bytes())?;
-    Ok(())
+        .open(&tmp)
+        .and_then(|mut f| {
+            f.write_all(text.as_bytes())?;
+            f.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("writing {}", path.display()));
+    }
+    // The rename itself lasts once the directory is synced.
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("syncing {}", dir.display()))
 }
 
 /// Bytes as a short human-readable figure.

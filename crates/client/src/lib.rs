@@ -15,6 +15,7 @@
 //!   operations it runs through `Lane::block_on` go out and are answered (a FUSE worker).
 
 mod choose;
+pub mod config;
 mod error;
 mod file;
 mod lane;

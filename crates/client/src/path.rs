@@ -58,15 +58,21 @@ impl DirCache {
 }
 
 /// Splits a path into components; `tessera:` / `tessera://` prefixes and empty and `.`
-/// components are dropped. Paths are taken from the root of the file system.
-fn components(path: &str) -> VecDeque<Name> {
+/// components are dropped. Paths are taken from the root of the file system, and are bytes,
+/// as names are: any name a directory holds can be written.
+fn components(path: &[u8]) -> VecDeque<Name> {
     let path = path
-        .strip_prefix("tessera://")
-        .or_else(|| path.strip_prefix("tessera:"))
+        .strip_prefix(b"tessera://")
+        .or_else(|| path.strip_prefix(b"tessera:"))
         .unwrap_or(path);
-    path.split('/')
-        .filter(|c| !c.is_empty() && *c != ".")
-        .map(|c| c.as_bytes().to_vec())
+    split(path)
+}
+
+/// A path's components, as a symbolic link's target is read (no prefix is special).
+fn split(path: &[u8]) -> VecDeque<Name> {
+    path.split(|&b| b == b'/')
+        .filter(|c| !c.is_empty() && *c != b".")
+        .map(<[u8]>::to_vec)
         .collect()
 }
 
@@ -109,11 +115,10 @@ impl Client {
                     return Err(Error::Loop);
                 }
                 let target = self.readlink(entry.ino).await?;
-                let target = String::from_utf8_lossy(&target).into_owned();
-                if target.starts_with('/') {
+                if target.starts_with(b"/") {
                     dir = ROOT_INO;
                 }
-                for t in components(&target).into_iter().rev() {
+                for t in split(&target).into_iter().rev() {
                     comps.push_front(t);
                 }
                 if comps.is_empty() {
@@ -133,16 +138,16 @@ impl Client {
     }
 
     /// The inode at `path`, following symbolic links.
-    pub async fn stat(&self, path: &str) -> Result<Inode> {
-        self.stat_inner(path, true).await
+    pub async fn stat(&self, path: impl AsRef<[u8]>) -> Result<Inode> {
+        self.stat_inner(path.as_ref(), true).await
     }
 
     /// The inode at `path`; a final symbolic link is not followed.
-    pub async fn lstat(&self, path: &str) -> Result<Inode> {
-        self.stat_inner(path, false).await
+    pub async fn lstat(&self, path: impl AsRef<[u8]>) -> Result<Inode> {
+        self.stat_inner(path.as_ref(), false).await
     }
 
-    async fn stat_inner(&self, path: &str, follow: bool) -> Result<Inode> {
+    async fn stat_inner(&self, path: &[u8], follow: bool) -> Result<Inode> {
         match self.walk(components(path), follow).await? {
             (dir, None) => self.getattr(dir).await,
             (_, Some((_, Some(e)))) => self.getattr(e.ino).await,
@@ -151,18 +156,19 @@ impl Client {
     }
 
     /// The parent directory and final name of `path`, which must name something below the root.
-    async fn parent_of(&self, path: &str) -> Result<(Ino, Name, Option<DirEntry>)> {
+    async fn parent_of(&self, path: &[u8]) -> Result<(Ino, Name, Option<DirEntry>)> {
         match self.walk(components(path), false).await? {
             (dir, Some((name, entry))) => Ok((dir, name, entry)),
             (_, None) => Err(Error::Invalid(format!(
-                "{path}: the root cannot be used here"
+                "{}: the root cannot be used here",
+                String::from_utf8_lossy(path)
             ))),
         }
     }
 
     /// Opens the file at `path`.
-    pub async fn open(&self, path: &str, opts: &OpenOptions) -> Result<File> {
-        let (dir, name, entry) = match self.walk(components(path), true).await? {
+    pub async fn open(&self, path: impl AsRef<[u8]>, opts: &OpenOptions) -> Result<File> {
+        let (dir, name, entry) = match self.walk(components(path.as_ref()), true).await? {
             (dir, Some((name, entry))) => (dir, name, entry),
             (dir, None) => return self.open_ino(dir, opts).await,
         };
@@ -184,17 +190,17 @@ impl Client {
     }
 
     /// Creates a directory; its parent must exist.
-    pub async fn create_dir(&self, path: &str) -> Result<Inode> {
-        match self.parent_of(path).await? {
+    pub async fn create_dir(&self, path: impl AsRef<[u8]>) -> Result<Inode> {
+        match self.parent_of(path.as_ref()).await? {
             (_, _, Some(_)) => Err(ErrorCode::Exists.into()),
             (dir, name, None) => self.mkdir(dir, &name, 0o777 & !self.opts.umask).await,
         }
     }
 
     /// Creates a directory and any missing parents; an existing directory is fine.
-    pub async fn create_dir_all(&self, path: &str) -> Result<Inode> {
+    pub async fn create_dir_all(&self, path: impl AsRef<[u8]>) -> Result<Inode> {
         let mut dir = self.getattr(ROOT_INO).await?;
-        for c in components(path) {
+        for c in components(path.as_ref()) {
             dir = match self.lookup_cached(dir.ino, &c).await {
                 Ok(e) if e.kind == FileKind::Dir => self.getattr(e.ino).await?,
                 Ok(_) => return Err(ErrorCode::NotDir.into()),
@@ -212,7 +218,7 @@ impl Client {
     }
 
     /// Entries of the directory at `path`, with their attributes.
-    pub async fn read_dir(&self, path: &str) -> Result<Vec<(String, Inode)>> {
+    pub async fn read_dir(&self, path: impl AsRef<[u8]>) -> Result<Vec<(Name, Inode)>> {
         let dir = self.stat(path).await?;
         if dir.kind != FileKind::Dir {
             return Err(ErrorCode::NotDir.into());
@@ -229,7 +235,7 @@ impl Client {
         let mut out = Vec::with_capacity(entries.len());
         for ((name, _, _), attr) in entries.into_iter().zip(attrs) {
             match attr {
-                Ok(a) => out.push((String::from_utf8_lossy(&name).into_owned(), a)),
+                Ok(a) => out.push((name, a)),
                 // Removed while we listed: leave it out, as a later listing would.
                 Err(e) if e.is(&ErrorCode::NotFound) => {}
                 Err(e) => return Err(e),
@@ -238,19 +244,19 @@ impl Client {
         Ok(out)
     }
 
-    pub async fn remove_file(&self, path: &str) -> Result<()> {
-        let (dir, name, _) = self.parent_of(path).await?;
+    pub async fn remove_file(&self, path: impl AsRef<[u8]>) -> Result<()> {
+        let (dir, name, _) = self.parent_of(path.as_ref()).await?;
         self.unlink(dir, &name).await
     }
 
-    pub async fn remove_dir(&self, path: &str) -> Result<()> {
-        let (dir, name, _) = self.parent_of(path).await?;
+    pub async fn remove_dir(&self, path: impl AsRef<[u8]>) -> Result<()> {
+        let (dir, name, _) = self.parent_of(path.as_ref()).await?;
         self.rmdir(dir, &name).await
     }
 
     /// Removes `path` and, for a directory, everything below it.
-    pub async fn remove_all(&self, path: &str) -> Result<()> {
-        let (dir, name, entry) = self.parent_of(path).await?;
+    pub async fn remove_all(&self, path: impl AsRef<[u8]>) -> Result<()> {
+        let (dir, name, entry) = self.parent_of(path.as_ref()).await?;
         let entry = entry.ok_or_else(Error::not_found)?;
         if entry.kind == FileKind::Dir {
             self.empty_tree(entry.ino).await?;
@@ -288,32 +294,42 @@ impl Client {
         Ok(())
     }
 
-    pub async fn rename_path(&self, from: &str, to: &str) -> Result<()> {
-        let (src_dir, src_name, _) = self.parent_of(from).await?;
-        let (dst_dir, dst_name, _) = self.parent_of(to).await?;
+    pub async fn rename_path(&self, from: impl AsRef<[u8]>, to: impl AsRef<[u8]>) -> Result<()> {
+        let (src_dir, src_name, _) = self.parent_of(from.as_ref()).await?;
+        let (dst_dir, dst_name, _) = self.parent_of(to.as_ref()).await?;
         self.rename(src_dir, &src_name, dst_dir, &dst_name, false)
             .await
             .map(drop)
     }
 
-    pub async fn symlink_path(&self, target: &str, link: &str) -> Result<Inode> {
-        let (dir, name, _) = self.parent_of(link).await?;
-        self.symlink(dir, &name, target.as_bytes()).await
+    /// A symbolic link at `link` whose target is `target`, byte for byte.
+    pub async fn symlink_path(
+        &self,
+        target: impl AsRef<[u8]>,
+        link: impl AsRef<[u8]>,
+    ) -> Result<Inode> {
+        let (dir, name, _) = self.parent_of(link.as_ref()).await?;
+        self.symlink(dir, &name, target.as_ref()).await
     }
 
-    pub async fn hard_link(&self, existing: &str, link: &str) -> Result<Inode> {
+    pub async fn hard_link(
+        &self,
+        existing: impl AsRef<[u8]>,
+        link: impl AsRef<[u8]>,
+    ) -> Result<Inode> {
         let src = self.lstat(existing).await?;
-        let (dir, name, _) = self.parent_of(link).await?;
+        let (dir, name, _) = self.parent_of(link.as_ref()).await?;
         self.link(src.ino, dir, &name).await
     }
 
-    pub async fn read_link(&self, path: &str) -> Result<String> {
+    /// The target of the symbolic link at `path`, byte for byte.
+    pub async fn read_link(&self, path: impl AsRef<[u8]>) -> Result<Vec<u8>> {
         let inode = self.lstat(path).await?;
-        Ok(String::from_utf8_lossy(&self.readlink(inode.ino).await?).into_owned())
+        self.readlink(inode.ino).await
     }
 
     /// Changes the permission bits at `path`.
-    pub async fn set_mode(&self, path: &str, mode: u32) -> Result<Inode> {
+    pub async fn set_mode(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<Inode> {
         let inode = self.stat(path).await?;
         let attr = SetAttr {
             mode: Some(mode & 0o7777),
@@ -324,7 +340,7 @@ impl Client {
     }
 
     /// The whole content of the file at `path`.
-    pub async fn read(&self, path: &str) -> Result<Vec<u8>> {
+    pub async fn read(&self, path: impl AsRef<[u8]>) -> Result<Vec<u8>> {
         let mut f = self.open(path, &OpenOptions::read()).await?;
         let out = f.read_to_end().await;
         let closed = f.close().await;
@@ -334,7 +350,7 @@ impl Client {
     }
 
     /// Creates or replaces the file at `path` with `data`.
-    pub async fn write(&self, path: &str, data: &[u8]) -> Result<()> {
+    pub async fn write(&self, path: impl AsRef<[u8]>, data: &[u8]) -> Result<()> {
         let mut f = self.open(path, &OpenOptions::create()).await?;
         let written = f.write_at(0, data).await;
         let closed = f.close().await;
@@ -345,12 +361,12 @@ impl Client {
 
 #[cfg(test)]
 mod tests {
-    use super::components;
+    use super::{components, split};
 
     #[test]
     fn path_components() {
         let c = |p: &str| {
-            components(p)
+            components(p.as_bytes())
                 .into_iter()
                 .map(|n| String::from_utf8(n).unwrap())
                 .collect::<Vec<_>>()
@@ -360,5 +376,6 @@ mod tests {
         assert_eq!(c("tessera:/x"), ["x"]);
         assert_eq!(c("/"), Vec::<String>::new());
         assert_eq!(c("a/../b"), ["a", "..", "b"]);
+        assert_eq!(split(b"tessera:x/\xff"), [&b"tessera:x"[..], b"\xff"]);
     }
 }

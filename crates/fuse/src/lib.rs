@@ -364,9 +364,26 @@ fn file_type(k: FileKind) -> FileType {
 
 fn set_time(t: Option<TimeOrNow>) -> Option<Timespec> {
     t.map(|t| match t {
-        TimeOrNow::SpecificTime(t) => Timespec::from(t),
+        TimeOrNow::SpecificTime(t) => requested_time(t),
         TimeOrNow::Now => Timespec::now(),
     })
+}
+
+/// The kernel's timestamp in a setattr request. The kernel sends a POSIX timespec (a time
+/// before 1970 as negative seconds plus positive nanoseconds: -1 s and 0.25 s is -0.75 s), but
+/// fuser 0.18 makes it `UNIX_EPOCH - (1 s + 0.25 s)`: the pair is read back out of that. Checked
+/// against the kernel by tests/posix/test_mount.py (`test_utime_before_1970`), which fails when
+/// a fuser that converts right comes in and this must go.
+fn requested_time(t: SystemTime) -> Timespec {
+    match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(_) => Timespec::from(t),
+        Err(before) => Timespec {
+            secs: 0i64
+                .checked_sub_unsigned(before.duration().as_secs())
+                .unwrap_or(i64::MIN),
+            nanos: before.duration().subsec_nanos(),
+        },
+    }
 }
 
 fn name(n: &OsStr) -> Name {
@@ -1744,5 +1761,41 @@ impl Filesystem for TesseraFs {
                 Err(e) => reply.error(errno(&e)),
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// What fuser 0.18 hands `setattr` for the kernel's (secs, nanos).
+    fn as_fuser_gives(secs: i64, nanos: u32) -> SystemTime {
+        if secs >= 0 {
+            SystemTime::UNIX_EPOCH + Duration::new(secs.unsigned_abs(), nanos)
+        } else {
+            SystemTime::UNIX_EPOCH - Duration::new(secs.unsigned_abs(), nanos)
+        }
+    }
+
+    #[test]
+    fn a_quarter_second_before_1970() {
+        // touch -d "1969-12-31 23:59:59.25"
+        let t = requested_time(as_fuser_gives(-1, 250_000_000));
+        assert_eq!((t.secs, t.nanos), (-1, 250_000_000));
+    }
+
+    proptest! {
+        /// Times set through the mount are stored as the kernel sent them and given back to
+        /// it unchanged, before and after 1970.
+        #[test]
+        fn set_times_round_trip(
+            secs in -(1i64 << 40)..(1i64 << 40),
+            nanos in 0u32..1_000_000_000,
+        ) {
+            let stored = requested_time(as_fuser_gives(secs, nanos));
+            prop_assert_eq!((stored.secs, stored.nanos), (secs, nanos));
+            prop_assert_eq!(Timespec::from(time(stored)), stored);
+        }
     }
 }

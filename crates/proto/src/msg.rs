@@ -636,6 +636,27 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// A POSIX timespec before 1970 is negative seconds plus positive nanoseconds.
+        #[test]
+        fn timespec_system_time_round_trip(
+            secs in -(1i64 << 40)..(1i64 << 40),
+            nanos in 0u32..1_000_000_000,
+        ) {
+            let t = Timespec { secs, nanos };
+            let st = SystemTime::from(t);
+            let signed_nanos = |s: SystemTime| match s.duration_since(UNIX_EPOCH) {
+                Ok(d) => d.as_nanos() as i128,
+                Err(e) => -(e.duration().as_nanos() as i128),
+            };
+            proptest::prop_assert_eq!(
+                signed_nanos(st),
+                i128::from(secs) * 1_000_000_000 + i128::from(nanos)
+            );
+            proptest::prop_assert_eq!(Timespec::from(st), t);
+        }
+    }
+
     #[test]
     fn names() {
         assert!(check_name(b"a.txt").is_ok());

@@ -6,17 +6,13 @@
 //! Only `manager` and `secret` are read here; the command line checks the rest of the file.
 
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+pub use tessera_client::config::cluster_file;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("bad configuration in {path}: {msg}")]
-    Parse { path: String, msg: String },
+    #[error(transparent)]
+    File(#[from] tessera_client::config::ConfigError),
     #[error(
         "no {what}: pass manager=/secret=, set TESSERA_MANAGER/TESSERA_SECRET, name a config \
          file with config= or TESSERA_CONFIG, or start a local cluster with `tessera up` \
@@ -34,35 +30,16 @@ struct Endpoint {
     secret: Option<String>,
 }
 
-/// `$TESSERA_HOME`, or `~/.tessera` (as the command line).
-#[must_use]
-pub fn home() -> PathBuf {
-    match std::env::var_os("TESSERA_HOME") {
-        Some(h) => PathBuf::from(h),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into()))
-            .join(".tessera"),
-    }
-}
-
-/// Where `tessera up` leaves the address and secret of the cluster it runs.
-#[must_use]
-pub fn cluster_file() -> PathBuf {
-    home().join("cluster.toml")
-}
-
-fn read(path: &Path) -> Result<Endpoint, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.display().to_string(),
-        source,
-    })?;
-    toml::from_str(&text).map_err(|e| ConfigError::Parse {
-        path: path.display().to_string(),
-        msg: e.to_string(),
-    })
-}
-
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// Where the cluster is.
+pub struct Found {
+    pub addr: SocketAddr,
+    pub secret: String,
+    /// Files read whose secret other users could read, said of each.
+    pub warnings: Vec<String>,
 }
 
 /// The manager address and secret to use: arguments > environment > explicit config file
@@ -71,20 +48,23 @@ pub fn resolve(
     manager: Option<String>,
     secret: Option<String>,
     config: Option<PathBuf>,
-) -> Result<(SocketAddr, String), ConfigError> {
+) -> Result<Found, ConfigError> {
     let mut manager = manager.or_else(|| env("TESSERA_MANAGER"));
     let mut secret = secret.or_else(|| env("TESSERA_SECRET"));
     let explicit = config.or_else(|| env("TESSERA_CONFIG").map(PathBuf::from));
+    let mut warnings = Vec::new();
     if manager.is_none() || secret.is_none() {
         let mut files = Vec::new();
         if let Some(p) = explicit {
-            files.push(read(&p)?);
+            files.push((p, false));
         }
         let cluster = cluster_file();
         if cluster.exists() {
-            files.push(read(&cluster)?);
+            files.push((cluster, true));
         }
-        for f in files {
+        for (path, own) in files {
+            let (f, warning) = tessera_client::config::read::<Endpoint>(&path, own)?;
+            warnings.extend(warning);
             manager = manager.or(f.manager);
             secret = secret.or(f.secret);
         }
@@ -100,5 +80,9 @@ pub fn resolve(
         .ok()
         .and_then(|mut a| a.next())
         .ok_or_else(|| ConfigError::Addr(manager.clone()))?;
-    Ok((addr, secret))
+    Ok(Found {
+        addr,
+        secret,
+        warnings,
+    })
 }

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use error::{at, to_py};
 use file::PyFile;
 use futures::stream::{self, StreamExt};
-use pyo3::exceptions::{PyConnectionError, PyValueError};
+use pyo3::exceptions::{PyConnectionError, PyUserWarning, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use std::path::PathBuf;
@@ -369,8 +369,18 @@ impl PyClient {
         config: Option<PathBuf>,
         timeout: f64,
     ) -> PyResult<Self> {
-        let (addr, secret) = config::resolve(manager, secret, config)
+        let config::Found {
+            addr,
+            secret,
+            warnings,
+        } = config::resolve(manager, secret, config)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        for w in warnings {
+            let category = py.get_type::<PyUserWarning>();
+            let msg =
+                std::ffi::CString::new(w).map_err(|e| PyValueError::new_err(e.to_string()))?;
+            PyErr::warn(py, &category, &msg, 2)?;
+        }
         let mut opts = ClientOptions::new(addr, &secret);
         if timeout.is_finite() && timeout >= 0.0 {
             opts.ready_timeout = Duration::from_secs_f64(timeout);
@@ -439,7 +449,7 @@ impl PyClient {
         let items: Vec<Py<PyAny>> = entries
             .iter()
             .map(|(name, inode)| {
-                let full = join(&p, name);
+                let full = join(&p, &String::from_utf8_lossy(name));
                 if detail {
                     inode_dict(py, &full, inode).map(|d| d.into_any().unbind())
                 } else {

@@ -160,10 +160,10 @@ impl Session {
                 .symlink_path(text(v, "target")?, text(v, "path")?)
                 .await
                 .map(|_| json!({})),
-            "readdir" => c
-                .read_dir(text(v, "path")?)
-                .await
-                .map(|es| json!({"names": es.into_iter().map(|(n, _)| n).collect::<Vec<_>>()})),
+            "readdir" => c.read_dir(text(v, "path")?).await.map(|es| {
+                let names: Vec<_> = es.iter().map(|(n, _)| String::from_utf8_lossy(n)).collect();
+                json!({ "names": names })
+            }),
             "usage" => c
                 .usage()
                 .await
