@@ -2,22 +2,14 @@
 
 use std::ffi::{OsStr, OsString};
 use std::io::Read;
-use std::net::TcpListener;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
 
-const TESSERA: &str = env!("CARGO_BIN_EXE_tessera");
+mod support;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use support::{Up, TESSERA};
 
 fn tessera(home: &Path, args: &[&str]) -> Output {
     Command::new(TESSERA)
@@ -49,54 +41,6 @@ fn fails(home: &Path, args: &[&str], says: &str) {
     );
 }
 
-/// `tessera up` in the background; stopped with SIGINT (Ctrl-C) when dropped.
-struct Up(Child);
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
-        let _ = self.0.wait();
-    }
-}
-
-impl Up {
-    /// `tessera up` with `servers` servers of `memory` each, on a free manager port, its log in
-    /// `home`/up.log; returns once it has written its cluster file.
-    fn start(home: &Path, servers: u32, memory: &str) -> Self {
-        let manager = format!("127.0.0.1:{}", free_port());
-        let child = Command::new(TESSERA)
-            .args(["up", "--servers", &servers.to_string(), "--memory", memory])
-            .args(["--manager", &manager])
-            .args(["--http", &format!("127.0.0.1:{}", free_port())])
-            .env("TESSERA_HOME", home)
-            .env_remove("TESSERA_SECRET")
-            .env_remove("TESSERA_MANAGER")
-            .env_remove("TESSERA_CONFIG")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(home.join("up.log")).unwrap())
-            .spawn()
-            .unwrap();
-        let mut up = Up(child);
-        let cluster_file = home.join("cluster.toml");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        // A file left from before may be there already: wait for this cluster's.
-        while !std::fs::read_to_string(&cluster_file).is_ok_and(|t| t.contains(&manager)) {
-            let log = || std::fs::read_to_string(home.join("up.log")).unwrap_or_default();
-            if let Some(status) = up.0.try_wait().unwrap() {
-                panic!("tessera up exited ({status}):\n{}", log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "tessera up did not become ready:\n{}",
-                log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        up
-    }
-}
-
 fn mode(p: &Path) -> u32 {
     std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
 }
@@ -109,7 +53,7 @@ fn chmod(p: &Path, mode: u32) {
 fn up_then_stage_data_in_and_out() {
     let home = tempfile::tempdir().unwrap();
     let home = home.path();
-    let up = Up::start(home, 3, "256MiB");
+    let up = Up::start(home, &["--servers", "3", "--memory", "256MiB"]);
     let cluster_file = home.join("cluster.toml");
     let status = ok(home, &["status"]);
     assert!(
@@ -222,7 +166,7 @@ fn the_secret_is_never_in_a_file_others_can_read() {
     let cluster_file = home.join("cluster.toml");
     std::fs::write(&cluster_file, "manager = \"127.0.0.1:1\"\n").unwrap();
     chmod(&cluster_file, 0o644);
-    let _up = Up::start(home, 1, "64MiB");
+    let _up = Up::start(home, &["--servers", "1", "--memory", "64MiB"]);
     assert!(std::fs::read_to_string(&cluster_file)
         .unwrap()
         .contains("secret"));
@@ -327,7 +271,7 @@ fn same_tree(a: &Path, b: &Path) {
 fn cp_keeps_links_permissions_and_names() {
     let home = tempfile::tempdir().unwrap();
     let home = home.path();
-    let _up = Up::start(home, 2, "128MiB");
+    let _up = Up::start(home, &["--servers", "2", "--memory", "128MiB"]);
     let work = tempfile::tempdir().unwrap();
     let tree = work.path().join("tree");
     let odd = OsStr::from_bytes(b"caf\xe9"); // Latin-1, not UTF-8

@@ -5,28 +5,14 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const TESSERA: &str = env!("CARGO_BIN_EXE_tessera");
+mod support;
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    l.local_addr().expect("its address").port()
-}
-
-/// `tessera up` in the background; stopped with SIGINT (Ctrl-C) when dropped.
-struct Up(Child);
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
-        let _ = self.0.wait();
-    }
-}
+use support::{Up, TESSERA};
 
 fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;
@@ -83,31 +69,27 @@ fn live_nodes(home: &Path) -> usize {
         .map_or(0, |n| n.iter().filter(|n| n["alive"] == true).count())
 }
 
-/// `tessera up` of 4 servers with two copies of everything, mounted on `home/mnt`; waits
-/// until the mount is there. Returns it and the device of `home`.
+/// `tessera up` of 4 servers with two copies of everything, mounted on `home/mnt`. Returns it
+/// and the device of `home`.
 fn up_mirrored(home: &Path) -> (Up, PathBuf, u64) {
     let mnt = home.join("mnt");
     std::fs::create_dir(&mnt).expect("mount point");
-    let (m, h) = (free_port(), free_port());
-    let child = Command::new(TESSERA)
-        .args(["up", "--servers", "4", "--memory", "256MiB"])
-        .args(["--replication", "2", "--dead-after", "1s"])
-        .args(["--manager", &format!("127.0.0.1:{m}")])
-        .args(["--http", &format!("127.0.0.1:{h}")])
-        .arg("--mount")
-        .arg(&mnt)
-        .env("TESSERA_HOME", home)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(home.join("up.log")).expect("log"))
-        .spawn()
-        .expect("tessera up");
-    let up = Up(child);
-    let parent_dev = std::fs::metadata(home).expect("home").dev();
-    wait_until("mounted", Duration::from_secs(60), || {
-        std::fs::metadata(&mnt).is_ok_and(|m| m.dev() != parent_dev)
-            && home.join("cluster.toml").exists()
-    });
-    (up, mnt, parent_dev)
+    let up = Up::start(
+        home,
+        &[
+            "--servers".as_ref(),
+            "4".as_ref(),
+            "--memory".as_ref(),
+            "256MiB".as_ref(),
+            "--replication".as_ref(),
+            "2".as_ref(),
+            "--dead-after".as_ref(),
+            "1s".as_ref(),
+            "--mount".as_ref(),
+            mnt.as_os_str(),
+        ],
+    );
+    (up, mnt, std::fs::metadata(home).expect("home").dev())
 }
 
 #[test]
@@ -149,7 +131,7 @@ fn up_outlives_a_killed_server_loses_nothing_and_starts_it_again() {
     let during = writer.join().expect("writer");
 
     assert!(
-        up.0.try_wait().expect("up").is_none(),
+        up.0.try_wait().expect("up's status").is_none(),
         "tessera up stopped when a server died: {}",
         std::fs::read_to_string(home.join("up.log")).unwrap_or_default()
     );
