@@ -585,7 +585,24 @@ impl NodeHandler {
             if table.primary(p) != Some(self.node) {
                 return Err(stale(table.epoch()));
             }
-            match self.call_node(&t.info, m, &req).await {
+            let answer = {
+                // A hung mirror never answers: a table that drops it ends the wait.
+                let call = self.call_node(&t.info, m, &req);
+                tokio::pin!(call);
+                loop {
+                    let installed = self.installed.notified();
+                    tokio::pin!(installed);
+                    installed.as_mut().enable();
+                    if !self.table().is_some_and(|t| t.info.table.replicas(p).contains(&m)) {
+                        return Ok(());
+                    }
+                    tokio::select! {
+                        answer = &mut call => break answer,
+                        () = installed => {}
+                    }
+                }
+            };
+            match answer {
                 Ok((Response::Error(ErrorCode::StaleEpoch { current }), _))
                     if current > table.epoch() =>
                 {
