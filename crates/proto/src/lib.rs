@@ -9,12 +9,14 @@
 //! * [`lane`]: a connection one thread uses synchronously (request, then the answer read by
 //!   that thread itself), for metadata calls whose latency is a chain of wake-ups.
 //! * [`pool`]: reusable stripe-sized buffers, so payloads land in warm memory.
+//! * [`ratelimit`]: warnings about peers, at most one per period per kind, with a count.
 
 pub mod auth;
 pub mod frame;
 pub mod lane;
 pub mod msg;
 pub mod pool;
+pub mod ratelimit;
 pub mod rpc;
 
 pub use auth::{AuthError, Secret};
@@ -22,6 +24,7 @@ pub use frame::{FrameError, Limits};
 pub use lane::LaneConn;
 pub use msg::*;
 pub use pool::BufferPool;
+pub use ratelimit::RateLimit;
 pub use rpc::{
     serve, serve_connection, Conn, Handler, NoticeSink, Reply, RpcClient, RpcConfig, RpcError,
     Sink, Waiter, Watcher,
