@@ -9,8 +9,10 @@
 //! * [`lane`]: a connection one thread uses synchronously (request, then the answer read by
 //!   that thread itself), for metadata calls whose latency is a chain of wake-ups.
 //! * [`pool`]: reusable stripe-sized buffers, so payloads land in warm memory.
+//! * [`admit`]: a bound on a port's connections that have not proven themselves yet.
 //! * [`ratelimit`]: warnings about peers, at most one per period per kind, with a count.
 
+pub mod admit;
 pub mod auth;
 pub mod frame;
 pub mod lane;
@@ -26,8 +28,8 @@ pub use msg::*;
 pub use pool::BufferPool;
 pub use ratelimit::RateLimit;
 pub use rpc::{
-    serve, serve_connection, Conn, Handler, NoticeSink, Reply, RpcClient, RpcConfig, RpcError,
-    Sink, Waiter, Watcher,
+    serve, Conn, Handler, NoticeSink, Reply, RpcClient, RpcConfig, RpcError, Sink, Waiter, Watcher,
+    FRAME_TIMEOUT, MAX_HANDSHAKING,
 };
 
 /// Version of the protocol spoken by this build; both ends must agree. Raise it with any change
