@@ -544,6 +544,10 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     return_freed_memory();
+    // The bounds on connections that have not authenticated (docs/CLI.md) stay well under it.
+    if let Err(e) = tessera_proto::admit::raise_open_file_limit() {
+        tracing::debug!("the limit on open files stays as it was: {e}");
+    }
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

@@ -1,6 +1,11 @@
 //! HTTP admin API: `/health` (open), and with `Authorization: Bearer <cluster secret>`:
 //! `/status` (JSON), `/table` (JSON), `/metrics` (Prometheus text format), `/history` (JSON:
 //! memory allocated and used over time, with its integrals; `tessera report` plots it).
+//!
+//! Served by hyper directly rather than `axum::serve`, which has no timeouts: a connection
+//! must send each request's headers within `HTTP_IDLE_TIMEOUT` of its start or of the answer
+//! before, and the port holds at most `HTTP_MAX_CONNECTIONS` (past it the oldest is closed),
+//! so idle or half-sent connections cannot exhaust the manager's file descriptors.
 
 use crate::history::{usage_stats, Sample};
 use crate::Shared;
@@ -10,6 +15,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -17,8 +25,17 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+use tessera_proto::admit::Admission;
+use tessera_proto::RateLimit;
 use tokio::net::TcpListener;
+use tracing::{debug, warn};
+
+/// HTTP connections the manager holds at once; past it, the oldest is closed to make room.
+pub const HTTP_MAX_CONNECTIONS: usize = 256;
+/// How long an HTTP connection may take to send a request's headers, counted from its start
+/// or from the answer before (so also how long it may stay idle).
+pub const HTTP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Clone)]
 struct Ctx {
@@ -44,8 +61,35 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>, token: Str
         .route("/health", get(|| async { "ok\n" }))
         .merge(protected)
         .with_state(ctx);
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::error!("HTTP API stopped: {e}");
+    static ACCEPT_FAILED: RateLimit = RateLimit::new("failed HTTP accepts");
+    static CROWDED: RateLimit = RateLimit::new("HTTP connections closed to make room");
+    let open = Admission::new(HTTP_MAX_CONNECTIONS);
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HTTP_IDLE_TIMEOUT);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Typically EMFILE: back off instead of spinning.
+                if ACCEPT_FAILED.hit() {
+                    warn!("HTTP accept failed: {e}");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (mut ticket, evicted) = open.admit();
+        if evicted && CROWDED.hit() {
+            warn!(%peer, "over {HTTP_MAX_CONNECTIONS} HTTP connections: closing the oldest");
+        }
+        let conn =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        tokio::spawn(async move {
+            if let Some(Err(e)) = ticket.run(conn).await {
+                debug!(%peer, "HTTP connection ended: {e}");
+            }
+        });
     }
 }
 

@@ -15,8 +15,12 @@ use rand::RngCore;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// How long a peer may take to complete the handshake.
+/// How long a client waits for a server to complete the handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a server waits for a connecting peer to complete its part: a real client sends
+/// each step as soon as it can, so this only has to outlast a loaded machine, while a
+/// connection that never speaks is closed soon.
+pub const ACCEPT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The cluster secret; only its derived key is kept.
 #[derive(Clone)]
@@ -88,9 +92,10 @@ fn hello(nonce: &[u8; 32]) -> [u8; 38] {
 }
 
 async fn with_timeout<T>(
+    limit: Duration,
     f: impl std::future::Future<Output = Result<T, AuthError>>,
 ) -> Result<T, AuthError> {
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, f)
+    tokio::time::timeout(limit, f)
         .await
         .map_err(|_| AuthError::Timeout)?
 }
@@ -100,7 +105,7 @@ pub async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     secret: &Secret,
 ) -> Result<(), AuthError> {
-    with_timeout(async {
+    with_timeout(HANDSHAKE_TIMEOUT, async {
         let ours = nonce();
         s.write_all(&hello(&ours)).await?;
         let (version, theirs) = read_hello(s).await?;
@@ -135,7 +140,7 @@ pub async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     secret: &Secret,
 ) -> Result<(), AuthError> {
-    with_timeout(async {
+    with_timeout(ACCEPT_HANDSHAKE_TIMEOUT, async {
         let (version, theirs) = read_hello(s).await?;
         let ours = nonce();
         s.write_all(&hello(&ours)).await?;

@@ -37,6 +37,8 @@ pub struct Limits {
     pub max_frame: u32,
     /// Largest header accepted.
     pub max_header: u32,
+    /// Largest payload accepted (a serving port takes no more than a stripe in a request).
+    pub max_payload: u32,
 }
 
 impl Default for Limits {
@@ -44,6 +46,7 @@ impl Default for Limits {
         Self {
             max_frame: tessera_placement::MAX_STRIPE_SIZE + (2 << 20),
             max_header: 1 << 20,
+            max_payload: u32::MAX,
         }
     }
 }
@@ -173,11 +176,18 @@ pub fn parse_prefix(prefix: &[u8; PREFIX_LEN], limits: Limits) -> Result<Head, F
             max: limits.max_header,
         });
     }
+    let payload_len = body - BODY_FIXED - header_len;
+    if payload_len > limits.max_payload {
+        return Err(FrameError::TooLarge {
+            len: u64::from(payload_len),
+            max: limits.max_payload,
+        });
+    }
     Ok(Head {
         id,
         kind,
         header: vec![0u8; header_len as usize],
-        payload_len: (body - BODY_FIXED - header_len) as usize,
+        payload_len: payload_len as usize,
     })
 }
 
@@ -274,11 +284,21 @@ mod tests {
             read_all(&huge).await,
             Err(FrameError::TooLarge { .. })
         ));
-        let mut short_body = good;
+        let mut short_body = good.clone();
         short_body[0..4].copy_from_slice(&3u32.to_le_bytes());
         assert!(matches!(
             read_all(&short_body).await,
             Err(FrameError::Malformed(_))
+        ));
+        // A payload over its own limit is refused from the prefix, before it is read.
+        let limits = Limits {
+            max_payload: 3,
+            ..Limits::default()
+        };
+        let prefix: &[u8; PREFIX_LEN] = good[..PREFIX_LEN].try_into().unwrap();
+        assert!(matches!(
+            parse_prefix(prefix, limits),
+            Err(FrameError::TooLarge { len: 4, max: 3 })
         ));
     }
 

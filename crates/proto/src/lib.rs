@@ -9,12 +9,16 @@
 //! * [`lane`]: a connection one thread uses synchronously (request, then the answer read by
 //!   that thread itself), for metadata calls whose latency is a chain of wake-ups.
 //! * [`pool`]: reusable stripe-sized buffers, so payloads land in warm memory.
+//! * [`admit`]: a bound on a port's connections that have not proven themselves yet.
+//! * [`ratelimit`]: warnings about peers, at most one per period per kind, with a count.
 
+pub mod admit;
 pub mod auth;
 pub mod frame;
 pub mod lane;
 pub mod msg;
 pub mod pool;
+pub mod ratelimit;
 pub mod rpc;
 
 pub use auth::{AuthError, Secret};
@@ -22,9 +26,10 @@ pub use frame::{FrameError, Limits};
 pub use lane::LaneConn;
 pub use msg::*;
 pub use pool::BufferPool;
+pub use ratelimit::RateLimit;
 pub use rpc::{
-    serve, serve_connection, Conn, Handler, NoticeSink, Reply, RpcClient, RpcConfig, RpcError,
-    Sink, Waiter, Watcher,
+    serve, Conn, Handler, NoticeSink, Reply, RpcClient, RpcConfig, RpcError, Sink, Waiter, Watcher,
+    FRAME_TIMEOUT, MAX_HANDSHAKING,
 };
 
 /// Version of the protocol spoken by this build; both ends must agree. Raise it with any change

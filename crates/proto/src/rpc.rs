@@ -7,12 +7,14 @@
 //! them (store operations are in-memory and short), so a client's writes on one connection
 //! apply in the order it sent them. Round trips matter: metadata operations are made of them.
 
+use crate::admit::{Admission, Ticket};
 use crate::auth::{client_handshake, server_handshake, AuthError, Secret};
 use crate::frame::{
     encode_head, read_frame, read_full, read_head, read_payload, FrameError, FrameKind, Limits,
 };
 use crate::msg::{ErrorCode, Notice, Request, Response};
 use crate::pool::BufferPool;
+use crate::ratelimit::RateLimit;
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::io::IoSlice;
@@ -20,7 +22,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
@@ -42,11 +44,14 @@ const DIRECT_MAX: usize = 64 << 10;
 pub struct RpcConfig {
     pub secret: Secret,
     pub limits: Limits,
-    /// Where received payloads are read into.
+    /// Where received payloads are read into. Serving, a request's payload may be at most one
+    /// of its buffers (a stripe, on a server).
     pub pool: Arc<BufferPool>,
     pub connect_timeout: Duration,
     /// How long a caller waits for a response before giving up on it.
     pub request_timeout: Duration,
+    /// Serving: how long a request may take to arrive once begun (`FRAME_TIMEOUT`).
+    pub frame_timeout: Duration,
 }
 
 impl RpcConfig {
@@ -58,6 +63,7 @@ impl RpcConfig {
             pool,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(60),
+            frame_timeout: FRAME_TIMEOUT,
         }
     }
 }
@@ -616,20 +622,41 @@ async fn write_notices(w: Writer, mut rx: mpsc::Receiver<Notice>, overflowed: Ar
     }
 }
 
+/// Connections of one listening port that may be in their handshake at once; past it, the
+/// oldest is closed to make room (`admit`). Authenticated connections are not counted.
+pub const MAX_HANDSHAKING: usize = 256;
+/// How long a request may take to arrive once its first byte has. A connection stalled in the
+/// middle of a frame is closed, and the memory of the part received goes with it; between
+/// requests a connection may stay idle as long as it likes.
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Accepts connections until the listener fails; each one is served on its own task.
 pub async fn serve(listener: TcpListener, cfg: Arc<RpcConfig>, handler: Arc<dyn Handler>) {
+    static ACCEPT_FAILED: RateLimit = RateLimit::new("failed accepts");
+    static CROWDED: RateLimit =
+        RateLimit::new("connections closed in their handshake to make room");
     let watchers = Watchers::default();
+    let handshaking = Admission::new(MAX_HANDSHAKING);
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
+                let (ticket, evicted) = handshaking.admit();
+                if evicted && CROWDED.hit() {
+                    warn!(
+                        %peer,
+                        "over {MAX_HANDSHAKING} connections in their handshake: closing the oldest"
+                    );
+                }
                 let (cfg, handler, watchers) = (cfg.clone(), handler.clone(), watchers.clone());
                 tokio::spawn(async move {
-                    serve_connection(stream, peer, &cfg, handler, &watchers).await;
+                    serve_connection(stream, peer, ticket, &cfg, handler, &watchers).await;
                 });
             }
             Err(e) => {
                 // Typically EMFILE: back off instead of spinning.
-                warn!("accept failed: {e}");
+                if ACCEPT_FAILED.hit() {
+                    warn!("accept failed: {e}");
+                }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
@@ -683,18 +710,33 @@ async fn answer_with(
 }
 
 /// Authenticates and serves one connection until it closes or misbehaves. A malformed frame
-/// ends this connection only, with a logged error.
-pub async fn serve_connection(
+/// ends this connection only, with a logged warning.
+async fn serve_connection(
     mut stream: TcpStream,
     peer: SocketAddr,
+    mut handshaking: Ticket,
     cfg: &RpcConfig,
     handler: Arc<dyn Handler>,
     watchers: &Watchers,
 ) {
+    static REFUSED: RateLimit = RateLimit::new("refused connections");
+    static BAD_FRAME: RateLimit = RateLimit::new("connections closed for a bad frame");
+    static STALLED: RateLimit = RateLimit::new("connections closed stalled in a request");
+    static NOT_REQUEST: RateLimit = RateLimit::new("connections closed for a bad request");
     let _ = stream.set_nodelay(true);
-    if let Err(e) = server_handshake(&mut stream, &cfg.secret).await {
-        warn!(%peer, "refused connection: {e}");
-        return;
+    match handshaking
+        .run(server_handshake(&mut stream, &cfg.secret))
+        .await
+    {
+        Some(Ok(())) => drop(handshaking),
+        Some(Err(e)) => {
+            if REFUSED.hit() {
+                warn!(%peer, "refused connection: {e}");
+            }
+            return;
+        }
+        // Newer connections needed the room (`serve` says so).
+        None => return,
     }
     let (rd, wr) = stream.into_split();
     // Answers are written by this task, not handed to another (one wake-up less per request),
@@ -703,29 +745,59 @@ pub async fn serve_connection(
         IO_BUF, wr,
     )));
     let mut rd = BufReader::with_capacity(READ_BUF, rd);
+    // A request's payload must fit a pooled buffer (a stripe, on a server): a frame announcing
+    // more is refused from its first bytes, before any memory is set aside for it.
+    let limits = Limits {
+        max_payload: u32::try_from(cfg.pool.buf_size()).unwrap_or(u32::MAX),
+        ..cfg.limits
+    };
     let conn = Conn::default();
     let mut notices = None;
     loop {
-        let frame = match read_frame(&mut rd, cfg.limits, &cfg.pool).await {
-            Ok(Some(f)) => f,
-            Ok(None) => break,
-            Err(FrameError::Io(e)) => {
+        // Wait as long as it takes for the next request to begin...
+        match rd.fill_buf().await {
+            Ok([]) => break,
+            Ok(_) => {}
+            Err(e) => {
                 debug!(%peer, "connection ended: {e}");
                 break;
             }
-            Err(e) => {
-                warn!(%peer, "closing connection: {e}");
+        }
+        // ...but once begun, it must arrive whole in time.
+        let patience = cfg.frame_timeout;
+        let read = tokio::time::timeout(patience, read_frame(&mut rd, limits, &cfg.pool));
+        let frame = match read.await {
+            Ok(Ok(Some(f))) => f,
+            Ok(Ok(None)) => break,
+            Ok(Err(FrameError::Io(e))) => {
+                debug!(%peer, "connection ended: {e}");
+                break;
+            }
+            Ok(Err(e)) => {
+                if BAD_FRAME.hit() {
+                    warn!(%peer, "closing connection: {e}");
+                }
+                break;
+            }
+            Err(_) => {
+                if STALLED.hit() {
+                    warn!(%peer, "closing connection: a request took over {patience:?} to arrive");
+                }
                 break;
             }
         };
         if frame.kind != FrameKind::Request {
-            warn!(%peer, "closing connection: a response frame where a request was expected");
+            if NOT_REQUEST.hit() {
+                warn!(%peer, "closing connection: a response frame where a request was expected");
+            }
             break;
         }
         let req: Request = match postcard::from_bytes(&frame.header) {
             Ok(r) => r,
             Err(e) => {
-                warn!(%peer, "closing connection: malformed request: {e}");
+                if NOT_REQUEST.hit() {
+                    warn!(%peer, "closing connection: malformed request: {e}");
+                }
                 break;
             }
         };
@@ -1050,11 +1122,78 @@ mod tests {
             .unwrap();
         raw2.write_all(&head[..5]).await.unwrap();
         drop(raw2);
+        // A request announcing a payload larger than a pooled buffer is refused at once.
+        let mut raw3 = TcpStream::connect(addr).await.unwrap();
+        client_handshake(&mut raw3, &Secret::new("k"))
+            .await
+            .unwrap();
+        let huge = encode_head(1, FrameKind::Request, &[], 48 << 20).unwrap();
+        raw3.write_all(&huge).await.unwrap();
+        assert_eq!(raw3.read(&mut buf).await.unwrap(), 0, "refused");
         let (resp, back) = good
             .call(&GET, Bytes::from_static(b"still here"))
             .await
             .unwrap();
         assert_eq!((resp, &back[..]), (Response::Ok, &b"still here"[..]));
+    }
+
+    /// A request stalled mid-frame is closed after the frame timeout; an idle connection is
+    /// not.
+    #[tokio::test]
+    async fn a_request_stalled_mid_frame_is_closed_an_idle_connection_is_not() {
+        let patience = Duration::from_millis(300);
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut cfg = RpcConfig::new(Secret::new("k"), Arc::new(BufferPool::new(1 << 20, 8)));
+        cfg.frame_timeout = patience;
+        tokio::spawn(serve(l, Arc::new(cfg), Arc::new(Echo)));
+        let header = postcard::to_allocvec(&GET).unwrap();
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        client_handshake(&mut idle, &Secret::new("k"))
+            .await
+            .unwrap();
+        let mut stalled = TcpStream::connect(addr).await.unwrap();
+        client_handshake(&mut stalled, &Secret::new("k"))
+            .await
+            .unwrap();
+        let mut frame = encode_head(1, FrameKind::Request, &header, 1000).unwrap();
+        frame.extend_from_slice(&[0; 10]);
+        stalled.write_all(&frame).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let mut buf = [0u8; 64];
+        assert_eq!(stalled.read(&mut buf).await.unwrap(), 0, "closed");
+        assert!(started.elapsed() >= patience, "{:?}", started.elapsed());
+        tokio::time::sleep(patience * 3).await;
+        let mut frame = encode_head(2, FrameKind::Request, &header, 2).unwrap();
+        frame.extend_from_slice(b"hi");
+        idle.write_all(&frame).await.unwrap();
+        let mut answer = [0u8; 64];
+        let mut got = 0;
+        while !answer[..got].ends_with(b"hi") {
+            let n = idle.read(&mut answer[got..]).await.unwrap();
+            assert!(n > 0, "the idle connection was closed");
+            got += n;
+        }
+    }
+
+    /// Silent connections past `MAX_HANDSHAKING` push the oldest out, and a client connecting
+    /// during the flood gets in.
+    #[tokio::test]
+    async fn a_flood_of_silent_connections_does_not_keep_a_client_out() {
+        let addr = start("k").await;
+        let mut flood = Vec::new();
+        for _ in 0..MAX_HANDSHAKING + 16 {
+            flood.push(TcpStream::connect(addr).await.unwrap());
+        }
+        let c = RpcClient::connect(addr, &cfg("k")).await.unwrap();
+        let (_, back) = c.call(&GET, Bytes::from_static(b"in")).await.unwrap();
+        assert_eq!(&back[..], b"in");
+        // The oldest were closed at once, not after the handshake timeout (5 s).
+        for s in &mut flood[..16] {
+            let mut buf = [0u8; 64];
+            let read = tokio::time::timeout(Duration::from_secs(4), s.read(&mut buf)).await;
+            assert!(matches!(read, Ok(Ok(0) | Err(_))), "{read:?}");
+        }
     }
 
     /// A server that accepts one connection, reads one request, then vanishes without

@@ -22,12 +22,14 @@ use tessera_proto::{
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
-/// Idle stripe buffers a server keeps for reuse.
-const POOL_BUFFERS: usize = 256;
-/// Idle stripe buffers kept through a quiet spell, and how long that spell is: after a burst
-/// of writes and removes the pool shrinks to this, so the memory of removed files goes back to
-/// the node.
-const POOL_KEEP_QUIET: usize = 16;
+/// Memory of idle stripe buffers a server keeps for reuse (in whole stripes, at least one):
+/// counted in bytes, so large stripes do not multiply it. Beyond it, freed stripes go back to
+/// the allocator, which reuses their pages as well.
+const POOL_BYTES: usize = 64 << 20;
+/// Memory of idle stripe buffers kept through a quiet spell, and how long that spell is: after
+/// a burst of writes and removes the pool shrinks to this, so the memory of removed files goes
+/// back to the node.
+const POOL_KEEP_QUIET_BYTES: usize = 16 << 20;
 const POOL_QUIET: Duration = Duration::from_secs(5);
 /// Default copy rate of a node receiving partitions: a fraction of what loopback carries.
 pub const DEFAULT_SYNC_RATE: u64 = 512 << 20;
@@ -191,7 +193,10 @@ pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
     let (manager, node, config) = register(&opts, &probe, addr).await?;
     info!(node, %addr, capacity = opts.capacity, "registered with the manager");
 
-    let pool = Arc::new(BufferPool::new(config.stripe_size as usize, POOL_BUFFERS));
+    let stripe = config.stripe_size as usize;
+    let stripes = |bytes: usize| (bytes / stripe.max(1)).max(1);
+    let pool = Arc::new(BufferPool::new(stripe, stripes(POOL_BYTES)));
+    let keep_quiet = stripes(POOL_KEEP_QUIET_BYTES);
     let rpc = Arc::new(RpcConfig::new(opts.secret.clone(), pool.clone()));
     let handler = Arc::new(
         NodeHandler::new(node, config, opts.capacity, pool.clone(), rpc.clone())
@@ -201,7 +206,7 @@ pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
     tasks.spawn(async move {
         loop {
             tokio::time::sleep(POOL_QUIET).await;
-            let freed = pool.trim(POOL_KEEP_QUIET);
+            let freed = pool.trim(keep_quiet);
             if freed > 0 {
                 tracing::debug!(freed, "idle stripe buffers given back");
             }

@@ -79,6 +79,9 @@ pub struct ClusterSpec {
     pub manager_args: Vec<String>,
     /// Extra flags for server `i`, by index (say `--fault-delay 20ms` for a slow one).
     pub server_args: Vec<(usize, Vec<String>)>,
+    /// Open files the manager and the servers may have (`RLIMIT_NOFILE`, soft and hard):
+    /// a common default, where the test process's may be far higher.
+    pub max_open_files: Option<u64>,
 }
 
 impl Default for ClusterSpec {
@@ -91,6 +94,7 @@ impl Default for ClusterSpec {
             replication: 1,
             manager_args: Vec::new(),
             server_args: Vec::new(),
+            max_open_files: None,
         }
     }
 }
@@ -110,6 +114,40 @@ fn quiet(mut c: Command) -> Command {
         c.stderr(Stdio::null());
     }
     c
+}
+
+/// Limits the open files of the process `c` starts.
+fn limit_open_files(c: &mut Command, max: Option<u64>) {
+    use std::os::unix::process::CommandExt;
+    let Some(max) = max else { return };
+    let lim = libc::rlimit {
+        rlim_cur: max,
+        rlim_max: max,
+    };
+    // SAFETY: `setrlimit` is async-signal-safe and touches nothing of the parent's.
+    unsafe {
+        c.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+}
+
+/// Memory a process holds that the kernel cannot take back at will, in bytes: its resident
+/// pages less those it freed lazily (`MADV_FREE`, which the kernel reclaims without asking).
+pub fn held_memory(pid: u32) -> Result<u64> {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))?;
+    let field = |name: &str| {
+        rollup
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .with_context(|| format!("no {name} for process {pid}"))
+    };
+    Ok(field("Rss:")?.saturating_sub(field("LazyFree:")?) << 10)
 }
 
 impl Cluster {
@@ -137,6 +175,7 @@ impl Cluster {
         ])
         .args(&spec.manager_args)
         .env("TESSERA_SECRET", &secret);
+        limit_open_files(&mut m, spec.max_open_files);
         let manager_proc = m.spawn().context("starting the manager")?;
         let mut cluster = Self {
             manager,
@@ -172,6 +211,7 @@ impl Cluster {
                 .flat_map(|(_, a)| a),
         )
         .env("TESSERA_SECRET", &self.secret);
+        limit_open_files(&mut s, self.spec.max_open_files);
         s.spawn().context("starting a server")
     }
 

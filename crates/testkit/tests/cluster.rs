@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tessera_client::{
     Client, ClientOptions, Lane, Notice, NoticeSink, OpenOptions, SetAttr, RECALL_PATIENCE,
 };
-use tessera_testkit::{digest, pattern, Cluster, ClusterSpec, Worker};
+use tessera_testkit::{digest, held_memory, pattern, Cluster, ClusterSpec, Worker};
 
 const MIB: u64 = 1 << 20;
 const ROOT: u64 = 1;
@@ -174,20 +174,6 @@ fn unlinked_file_lives_until_its_last_close() -> Result<()> {
     Ok(())
 }
 
-/// Memory a process holds that the kernel cannot take back at will, in bytes: its resident
-/// pages less those it freed lazily (`MADV_FREE`, which the kernel reclaims without asking).
-fn held(pid: u32) -> Result<u64> {
-    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))?;
-    let field = |name: &str| {
-        rollup
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .ok_or_else(|| anyhow::anyhow!("no {name} for process {pid}"))
-    };
-    Ok(field("Rss:")?.saturating_sub(field("LazyFree:")?) << 10)
-}
-
 #[test]
 fn a_server_gives_back_the_memory_of_removed_files() -> Result<()> {
     let cluster = Cluster::start(&ClusterSpec {
@@ -196,9 +182,9 @@ fn a_server_gives_back_the_memory_of_removed_files() -> Result<()> {
     })?;
     let pid = cluster.servers[0].id();
     let mut w = cluster.worker()?;
-    let base = held(pid)?;
+    let base = held_memory(pid)?;
     w.ok(&json!({"cmd": "write_file", "path": "/big", "len": 512 * MIB, "seed": 3}))?;
-    let full = held(pid)?;
+    let full = held_memory(pid)?;
     assert!(
         full >= base + 400 * MIB,
         "the file is in the server's memory: {base} -> {full}"
@@ -209,7 +195,7 @@ fn a_server_gives_back_the_memory_of_removed_files() -> Result<()> {
     // the kernel needs them.
     let deadline = Instant::now() + Duration::from_secs(40);
     loop {
-        let now = held(pid)?;
+        let now = held_memory(pid)?;
         if now < base + 100 * MIB {
             return Ok(());
         }
