@@ -12,6 +12,8 @@
 
 pub mod auth;
 pub mod frame;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod lane;
 pub mod msg;
 pub mod pool;
