@@ -11,13 +11,14 @@
 use crate::peers::Peers;
 use crate::purge;
 use crate::store::{Delta, Links, Snapshot, Store};
+use crate::valid;
 use crate::watch::{self, Watches};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
-use tessera_placement::{meta_partition, stripe_partition, Epoch, Ino, NodeId, PartitionId};
+use tessera_placement::{Epoch, Ino, NodeId, PartitionId};
 use tessera_proto::{
     BufferPool, ClusterConfig, Conn, ErrorCode, Handler, NodeStats, Notice, Op, Reply, Request,
     Response, RpcConfig, TableInfo, Watcher, RECALL_PATIENCE,
@@ -298,30 +299,7 @@ impl NodeHandler {
 
     /// The partition an operation's key hashes to; `None` for node-wide operations.
     fn partition(&self, op: &Op) -> Option<PartitionId> {
-        let p = self.config.partitions;
-        match op {
-            Op::WriteStripe { file, stripe, .. } | Op::ReadStripe { file, stripe, .. } => {
-                Some(stripe_partition(*file, *stripe, p))
-            }
-            Op::InodeCreate { inode } => Some(meta_partition(inode.ino, p)),
-            Op::InodeGet { ino }
-            | Op::InodeSetAttr { ino, .. }
-            | Op::InodeExtend { ino, .. }
-            | Op::InodeLink { ino, .. }
-            | Op::InodeOpen { ino }
-            | Op::InodeClose { ino } => Some(meta_partition(*ino, p)),
-            Op::DirInsert { dir, .. }
-            | Op::DirRemove { dir, .. }
-            | Op::DirUnlink { dir, .. }
-            | Op::DirLookup { dir, .. }
-            | Op::DirList { dir, .. }
-            | Op::DirRename { dir, .. }
-            | Op::DirDestroy { dir }
-            | Op::DirCreate { dir, .. }
-            | Op::Relinquish { dir } => Some(meta_partition(*dir, p)),
-            Op::SyncPull { partition, .. } => Some(*partition),
-            Op::TruncateStripes { .. } | Op::DropFiles { .. } | Op::NodeStats => None,
-        }
+        op.partition(self.config.partitions)
     }
 
     /// Is a request routed at `epoch` for `part` (or node-wide) still valid here?
@@ -377,6 +355,10 @@ impl NodeHandler {
             return now(err(e));
         }
         let p = part.unwrap_or(0);
+        // Refused before anything waits on it or is forwarded; mirrors check again.
+        if let Err(e) = valid::check(&op, p, self.config.partitions) {
+            return now(err(e));
+        }
         if let Op::Relinquish { dir } = op {
             if let (Some(w), Some(mut locked)) = (from, self.watches.lock(p)) {
                 locked.relinquish(dir, w);
@@ -618,6 +600,9 @@ impl NodeHandler {
         {
             return err(stale(table.epoch()));
         }
+        if let Err(e) = valid::check(&op, p, self.config.partitions) {
+            return err(e);
+        }
         self.apply(&t.held, p, op, Bytes::new())
     }
 
@@ -717,13 +702,7 @@ impl NodeHandler {
                 name,
                 inode: file,
                 mtime,
-            } if meta_partition(file.ino, self.config.partitions) == p => {
-                s.dir_create(p, dir, name, file, mtime).map(inode)
-            }
-            Op::DirCreate { inode, dir, .. } => Err(ErrorCode::Invalid(format!(
-                "inode {} is not placed with directory {dir}",
-                inode.ino
-            ))),
+            } => s.dir_create(p, dir, name, file, mtime).map(inode),
             Op::NodeStats => Ok((Response::Stats(self.stats()), Bytes::new())),
             Op::Relinquish { .. } => Err(ErrorCode::Invalid(
                 "a relinquished promise is answered where it is held, not applied".into(),
@@ -880,7 +859,7 @@ impl Handler for Service {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_placement::{assign, NodeWeight, PartitionTable};
+    use tessera_placement::{assign, stripe_partition, NodeWeight, PartitionTable};
     use tessera_proto::NodeAddr;
 
     const P: u32 = 16;

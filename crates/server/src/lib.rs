@@ -8,6 +8,7 @@ mod peers;
 mod purge;
 pub mod store;
 mod sync;
+mod valid;
 pub mod watch;
 
 use handler::{NodeHandler, Service};
