@@ -89,17 +89,18 @@ fn new_dir(i: &Inode) -> Result<(), ErrorCode> {
 /// A new file, symbolic link or special file, as `DirCreate` makes it: one link, at most the
 /// creator's open handle, no parent; a symbolic link's size is its target's length.
 fn new_placed(i: &Inode) -> Result<(), ErrorCode> {
-    match i.kind {
+    let target_ok = match i.kind {
         FileKind::Dir => return Err(invalid("DirCreate does not make directories")),
         FileKind::Symlink => {
-            if i.target.is_empty() || i.target.len() > SYMLINK_MAX || i.target.contains(&0) {
-                return Err(invalid(format!(
-                    "a symbolic link target is 1 to {SYMLINK_MAX} bytes without NUL"
-                )));
-            }
+            !i.target.is_empty() && i.target.len() <= SYMLINK_MAX && !i.target.contains(&0)
         }
-        _ if !i.target.is_empty() => return Err(invalid("only a symbolic link has a target")),
-        _ => {}
+        _ => i.target.is_empty(),
+    };
+    if !target_ok {
+        return Err(invalid(format!(
+            "a symbolic link, and nothing else, has a target of 1 to {SYMLINK_MAX} bytes \
+             without NUL"
+        )));
     }
     if i.parent != 0 {
         return Err(invalid("only a directory has a parent"));
