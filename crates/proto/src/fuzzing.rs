@@ -55,9 +55,8 @@ pub fn messages(data: &[u8]) {
 }
 
 fn request(data: &[u8]) {
-    match decode::<Request>(data) {
-        Some(Request::Op { op, .. } | Request::Replica { op, .. }) => route(&op),
-        Some(_) | None => {}
+    if let Some(Request::Op { op, .. } | Request::Replica { op, .. }) = decode(data) {
+        route(&op);
     }
 }
 
@@ -217,7 +216,7 @@ mod tests {
             .into_iter()
             .map(|op| postcard::to_allocvec(&Request::Op { epoch: 4, op }).unwrap())
             .collect();
-        let responses = vec![
+        let responses = [
             Response::Inode(inode()),
             Response::Table(info()),
             Response::Error(ErrorCode::StaleEpoch { current: 9 }),
