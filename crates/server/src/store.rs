@@ -642,9 +642,10 @@ impl Store {
         }
     }
 
-    /// Removes the inode if it has neither links nor open handles nor a name here. Its stripes are to be
-    /// dropped only if it was removed with a non-zero size: every handle flushed before its
-    /// last close, and truncate drops stripes itself, so a file has none past its size.
+    /// Removes the inode if it has neither links nor open handles nor a name here. Its stripes
+    /// are to be dropped only if it was removed with a non-zero size: every handle flushed
+    /// before its last close, and truncate drops stripes itself, so a file has none past its
+    /// size.
     fn reap(&self, part: &mut Partition, ino: Ino) -> Links {
         match part.inodes.get(&ino) {
             Some(i) if i.nlink == 0 && i.open_count == 0 && !part.entries.names(ino) => {

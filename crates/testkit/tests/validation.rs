@@ -443,6 +443,8 @@ impl Model {
             parent,
             target,
         );
+        let t = self.time();
+        (i.atime, i.mtime, i.ctime) = (t, t, t);
         match self.rng.gen_range(0..12) {
             0 => i.nlink = self.rng.gen_range(0..4),
             1 => i.open_count = self.rng.gen_range(0..3),
@@ -620,6 +622,7 @@ impl Model {
                     Op::InodeGet {
                         ino: self.any_ino(),
                     },
+                    Op::Relinquish { dir },
                 ]
                 .choose(&mut self.rng)
                 .expect("some")
