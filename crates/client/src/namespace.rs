@@ -9,7 +9,7 @@ use std::future::Future;
 use tessera_placement::{meta_partition, placed_ino, Ino, ROOT_INO};
 use tessera_proto::{
     check_name, DirEntry, ErrorCode, FileKind, Inode, Listed, Op, Response, SetAttr, Timespec,
-    DIR_PAGE_MAX,
+    DIR_PAGE_MAX, SYMLINK_MAX,
 };
 use tracing::warn;
 
@@ -366,27 +366,12 @@ impl Client {
             kind: FileKind::Dir,
         };
         if let Err(e) = self.insert(parent, name, entry, false).await {
-            self.discard(inode.ino, false).await;
+            let _ = self
+                .meta(inode.ino, Op::DirDestroy { dir: inode.ino })
+                .await;
             return Err(e);
         }
         Ok(inode)
-    }
-
-    /// Best-effort removal of a link that never got a name (and of the open handle, if any).
-    async fn discard(&self, ino: Ino, opened: bool) {
-        let _ = self
-            .meta(
-                ino,
-                Op::InodeLink {
-                    ino,
-                    delta: -1,
-                    ctime: Timespec::now(),
-                },
-            )
-            .await;
-        if opened {
-            let _ = self.meta(ino, Op::InodeClose { ino }).await;
-        }
     }
 
     /// Creates a regular file and opens it. With `exclusive` an existing name is an error;
@@ -488,10 +473,10 @@ impl Client {
     }
 
     pub async fn symlink(&self, parent: Ino, name: &[u8], target: &[u8]) -> Result<Inode> {
-        if target.is_empty() || target.len() > 4096 || target.contains(&0) {
-            return Err(Error::Invalid(
-                "symbolic link target must be 1 to 4096 bytes without NUL".into(),
-            ));
+        if target.is_empty() || target.len() > SYMLINK_MAX || target.contains(&0) {
+            return Err(Error::Invalid(format!(
+                "symbolic link target must be 1 to {SYMLINK_MAX} bytes without NUL"
+            )));
         }
         let made = self.make(
             parent,
@@ -543,7 +528,8 @@ impl Client {
             )
             .await
         {
-            self.discard(ino, false).await;
+            // Best effort: the link that never got its name.
+            let _ = self.unref(ino).await;
             return Err(e);
         }
         self.getattr(ino).await
@@ -618,8 +604,14 @@ impl Client {
         if entry.kind != FileKind::Dir {
             return Err(ErrorCode::NotDir.into());
         }
-        self.ok_unless_resent_gone(entry.ino, Op::DirDestroy { dir: entry.ino })
-            .await?;
+        // A directory already gone (an rmdir that stopped halfway) leaves its name to remove.
+        match self
+            .meta(entry.ino, Op::DirDestroy { dir: entry.ino })
+            .await
+        {
+            Err(e) if !e.is(&ErrorCode::NotFound) => return Err(e),
+            _ => {}
+        }
         let op = Op::DirRemove {
             dir: parent,
             name: name.to_vec(),
@@ -631,8 +623,8 @@ impl Client {
         self.ok_unless_resent_gone(parent, op).await
     }
 
-    /// For a removal (`DirRemove`, `DirDestroy`): `NotFound` after the request was re-sent
-    /// following a primary's death means our first attempt removed it: success.
+    /// For a removal (`DirRemove`): `NotFound` after the request was re-sent following a
+    /// primary's death means our first attempt removed it: success.
     async fn ok_unless_resent_gone(&self, ino: Ino, op: Op) -> Result<()> {
         match self.meta_resent(ino, op).await {
             (Ok(_), _) => Ok(()),

@@ -20,7 +20,7 @@ const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
-use tessera_placement::{meta_partition, validate_stripe_size, ROOT_INO};
+use tessera_placement::{meta_partition, ROOT_INO};
 use tessera_proto::{
     BufferPool, ClusterConfig, Conn, ErrorCode, FileKind, Handler, Inode, Op, Reply, Request,
     Response, RpcClient, RpcConfig, Secret,
@@ -67,12 +67,10 @@ impl ManagerOptions {
         if self.expect_servers == 0 {
             return bad("the cluster needs at least one server (--expect)".into());
         }
-        if c.partitions == 0 {
-            return bad("the cluster needs at least one partition".into());
-        }
-        if !(1..=3).contains(&c.replication) || u32::from(c.replication) > self.expect_servers {
+        c.validate().map_err(ManagerError::Config)?;
+        if u32::from(c.replication) > self.expect_servers {
             return bad(format!(
-                "replication {} must be 1 to 3 and at most the server count {}",
+                "replication {} must be at most the server count {}",
                 c.replication, self.expect_servers
             ));
         }
@@ -86,7 +84,6 @@ impl ManagerOptions {
         if self.heartbeat_timeout.is_zero() {
             return bad("the time after which a silent server is dead must not be zero".into());
         }
-        validate_stripe_size(u64::from(c.stripe_size)).map_err(ManagerError::Config)?;
         Ok(())
     }
 }

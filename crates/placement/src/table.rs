@@ -17,6 +17,8 @@ pub enum TableError {
     NoSource(PartitionId),
     #[error("the next table has {got} partitions, the cluster has {want}")]
     WrongSize { want: usize, got: usize },
+    #[error("partition {0} changed after the table's epoch")]
+    ChangedLater(PartitionId),
 }
 
 /// Maps every partition to an ordered list of nodes holding a complete copy (primary first) and
@@ -28,11 +30,45 @@ pub enum TableError {
 /// A partition whose replica list is empty is lost (every copy was on nodes that died):
 /// requests for it fail with EIO, never with silently missing data.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "Received")]
 pub struct PartitionTable {
     epoch: Epoch,
     replicas: Vec<Vec<NodeId>>,
     incoming: Vec<Vec<NodeId>>,
     changed: Vec<Epoch>,
+}
+
+/// A table as it arrives from the network, checked before it is one: a decoded table holds
+/// what [`PartitionTable::new`] and [`PartitionTable::next`] promise.
+#[derive(Deserialize)]
+struct Received {
+    epoch: Epoch,
+    replicas: Vec<Vec<NodeId>>,
+    incoming: Vec<Vec<NodeId>>,
+    changed: Vec<Epoch>,
+}
+
+impl TryFrom<Received> for PartitionTable {
+    type Error = TableError;
+
+    fn try_from(r: Received) -> Result<Self, TableError> {
+        check(&r.replicas, &r.incoming)?;
+        if r.changed.len() != r.replicas.len() {
+            return Err(TableError::WrongSize {
+                want: r.replicas.len(),
+                got: r.changed.len(),
+            });
+        }
+        if let Some(p) = r.changed.iter().position(|&c| c > r.epoch) {
+            return Err(TableError::ChangedLater(p as PartitionId));
+        }
+        Ok(Self {
+            epoch: r.epoch,
+            replicas: r.replicas,
+            incoming: r.incoming,
+            changed: r.changed,
+        })
+    }
 }
 
 fn check(replicas: &[Vec<NodeId>], incoming: &[Vec<NodeId>]) -> Result<(), TableError> {

@@ -15,6 +15,8 @@
 pub mod admit;
 pub mod auth;
 pub mod frame;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod lane;
 pub mod msg;
 pub mod pool;
@@ -37,7 +39,8 @@ pub use rpc::{
 /// look-ups carrying inodes; 3: `Inode::change`, `DirUnlink`; 4: `Subscribe` and notices; 5:
 /// `Attach`, `Subscribed`; 6: `Notice::Listing`; 7: `DirRename` in one step, `Renamed`; 8:
 /// deleted files' stripes dropped by servers, `DropFiles`; 9: completeness recalled before
-/// another's change, `Relinquish`).
-pub const PROTOCOL_VERSION: u16 = 9;
+/// another's change, `Relinquish`; 10: only directories have hashed numbers, only files and
+/// the like placed ones, and servers refuse requests that would break the namespace).
+pub const PROTOCOL_VERSION: u16 = 10;
 /// First bytes of every connection.
 pub const MAGIC: [u8; 4] = *b"TSRA";

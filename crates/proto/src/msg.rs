@@ -4,12 +4,15 @@
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tessera_placement::{meta_partition, stripe_partition, validate_stripe_size, ROOT_INO};
 pub use tessera_placement::{Epoch, Ino, NodeId, PartitionId, PartitionTable};
 
 /// A file name component: raw bytes, as POSIX allows (no '/', no NUL, at most [`NAME_MAX`]).
 pub type Name = Vec<u8>;
 /// Longest name component, as on Linux.
 pub const NAME_MAX: usize = 255;
+/// Longest symbolic link target, as `PATH_MAX` on Linux.
+pub const SYMLINK_MAX: usize = 4096;
 /// How long a change waits for the holder of a directory's completeness promise to give it
 /// back (`Notice::Listing`, `Op::Relinquish`) before it goes ahead anyway.
 pub const RECALL_PATIENCE: Duration = Duration::from_secs(2);
@@ -314,6 +317,39 @@ pub enum Op {
     RenameUnlock { holder: u64 },
 }
 
+impl Op {
+    /// The partition the operation's key (stripe, or inode or directory) hashes to in a cluster
+    /// of `partitions`; `None` for node-wide operations.
+    #[must_use]
+    pub fn partition(&self, partitions: u32) -> Option<PartitionId> {
+        let p = partitions;
+        match self {
+            Op::WriteStripe { file, stripe, .. } | Op::ReadStripe { file, stripe, .. } => {
+                Some(stripe_partition(*file, *stripe, p))
+            }
+            Op::InodeCreate { inode } => Some(meta_partition(inode.ino, p)),
+            Op::InodeGet { ino }
+            | Op::InodeSetAttr { ino, .. }
+            | Op::InodeExtend { ino, .. }
+            | Op::InodeLink { ino, .. }
+            | Op::InodeOpen { ino }
+            | Op::InodeClose { ino } => Some(meta_partition(*ino, p)),
+            Op::DirInsert { dir, .. }
+            | Op::DirRemove { dir, .. }
+            | Op::DirUnlink { dir, .. }
+            | Op::DirLookup { dir, .. }
+            | Op::DirList { dir, .. }
+            | Op::DirRename { dir, .. }
+            | Op::DirDestroy { dir }
+            | Op::DirCreate { dir, .. }
+            | Op::Relinquish { dir } => Some(meta_partition(*dir, p)),
+            Op::SyncPull { partition, .. } => Some(*partition),
+            Op::RenameLock { .. } | Op::RenameUnlock { .. } => Some(meta_partition(ROOT_INO, p)),
+            Op::TruncateStripes { .. } | Op::DropFiles { .. } | Op::NodeStats => None,
+        }
+    }
+}
+
 /// One piece of a partition's state, sent by the primary to a node receiving the partition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SyncItem {
@@ -527,12 +563,47 @@ impl ErrorCode {
     }
 }
 
-/// Cluster-wide settings fixed when the cluster is created.
+/// Cluster-wide settings fixed when the cluster is created. Checked when decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "UncheckedConfig")]
 pub struct ClusterConfig {
     pub partitions: u32,
     pub stripe_size: u32,
     pub replication: u8,
+}
+
+impl ClusterConfig {
+    /// At least one partition, 1 to 3 copies of each, a stripe size [`validate_stripe_size`]
+    /// accepts.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.partitions == 0 {
+            return Err("the cluster needs at least one partition".into());
+        }
+        if !(1..=3).contains(&self.replication) {
+            return Err(format!("replication {} must be 1 to 3", self.replication));
+        }
+        validate_stripe_size(u64::from(self.stripe_size)).map(drop)
+    }
+}
+
+#[derive(Deserialize)]
+struct UncheckedConfig {
+    partitions: u32,
+    stripe_size: u32,
+    replication: u8,
+}
+
+impl TryFrom<UncheckedConfig> for ClusterConfig {
+    type Error = String;
+
+    fn try_from(c: UncheckedConfig) -> Result<Self, String> {
+        let config = Self {
+            partitions: c.partitions,
+            stripe_size: c.stripe_size,
+            replication: c.replication,
+        };
+        config.validate().map(|()| config)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -541,12 +612,40 @@ pub struct NodeAddr {
     pub addr: SocketAddr,
 }
 
-/// Everything a client or server needs to route requests.
+/// Everything a client or server needs to route requests. Decoded only with a table of the
+/// configured number of partitions.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "UncheckedTableInfo")]
 pub struct TableInfo {
     pub config: ClusterConfig,
     pub table: PartitionTable,
     pub nodes: Vec<NodeAddr>,
+}
+
+#[derive(Deserialize)]
+struct UncheckedTableInfo {
+    config: ClusterConfig,
+    table: PartitionTable,
+    nodes: Vec<NodeAddr>,
+}
+
+impl TryFrom<UncheckedTableInfo> for TableInfo {
+    type Error = String;
+
+    fn try_from(t: UncheckedTableInfo) -> Result<Self, String> {
+        if t.table.partitions() != t.config.partitions {
+            return Err(format!(
+                "a table of {} partitions for a cluster of {}",
+                t.table.partitions(),
+                t.config.partitions
+            ));
+        }
+        Ok(Self {
+            config: t.config,
+            table: t.table,
+            nodes: t.nodes,
+        })
+    }
 }
 
 /// Counters a storage server reports with each heartbeat.

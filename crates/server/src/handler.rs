@@ -12,15 +12,14 @@ use crate::peers::Peers;
 use crate::purge;
 use crate::rename_lock::RenameLock;
 use crate::store::{Delta, Links, Snapshot, Store};
+use crate::valid;
 use crate::watch::{self, Watches};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
-use tessera_placement::{
-    meta_partition, stripe_partition, Epoch, Ino, NodeId, PartitionId, ROOT_INO,
-};
+use tessera_placement::{Epoch, Ino, NodeId, PartitionId};
 use tessera_proto::{
     BufferPool, ClusterConfig, Conn, ErrorCode, Handler, NodeStats, Notice, Op, Reply, Request,
     Response, RpcConfig, TableInfo, Watcher, RECALL_PATIENCE, RENAME_LEASE,
@@ -304,31 +303,7 @@ impl NodeHandler {
 
     /// The partition an operation's key hashes to; `None` for node-wide operations.
     fn partition(&self, op: &Op) -> Option<PartitionId> {
-        let p = self.config.partitions;
-        match op {
-            Op::WriteStripe { file, stripe, .. } | Op::ReadStripe { file, stripe, .. } => {
-                Some(stripe_partition(*file, *stripe, p))
-            }
-            Op::InodeCreate { inode } => Some(meta_partition(inode.ino, p)),
-            Op::InodeGet { ino }
-            | Op::InodeSetAttr { ino, .. }
-            | Op::InodeExtend { ino, .. }
-            | Op::InodeLink { ino, .. }
-            | Op::InodeOpen { ino }
-            | Op::InodeClose { ino } => Some(meta_partition(*ino, p)),
-            Op::DirInsert { dir, .. }
-            | Op::DirRemove { dir, .. }
-            | Op::DirUnlink { dir, .. }
-            | Op::DirLookup { dir, .. }
-            | Op::DirList { dir, .. }
-            | Op::DirRename { dir, .. }
-            | Op::DirDestroy { dir }
-            | Op::DirCreate { dir, .. }
-            | Op::Relinquish { dir } => Some(meta_partition(*dir, p)),
-            Op::SyncPull { partition, .. } => Some(*partition),
-            Op::RenameLock { .. } | Op::RenameUnlock { .. } => Some(meta_partition(ROOT_INO, p)),
-            Op::TruncateStripes { .. } | Op::DropFiles { .. } | Op::NodeStats => None,
-        }
+        op.partition(self.config.partitions)
     }
 
     /// Is a request routed at `epoch` for `part` (or node-wide) still valid here?
@@ -384,6 +359,10 @@ impl NodeHandler {
             return now(err(e));
         }
         let p = part.unwrap_or(0);
+        // Refused before anything waits on it or is forwarded; mirrors check again.
+        if let Err(e) = valid::check(&op, p, self.config.partitions) {
+            return now(err(e));
+        }
         if let Op::Relinquish { dir } = op {
             if let (Some(w), Some(mut locked)) = (from, self.watches.lock(p)) {
                 locked.relinquish(dir, w);
@@ -593,7 +572,10 @@ impl NodeHandler {
                     let installed = self.installed.notified();
                     tokio::pin!(installed);
                     installed.as_mut().enable();
-                    if !self.table().is_some_and(|t| t.info.table.replicas(p).contains(&m)) {
+                    if !self
+                        .table()
+                        .is_some_and(|t| t.info.table.replicas(p).contains(&m))
+                    {
                         return Ok(());
                     }
                     tokio::select! {
@@ -667,6 +649,9 @@ impl NodeHandler {
         if !is_meta_change(&op) || !table.holds(self.node, p) || table.primary(p) == Some(self.node)
         {
             return err(stale(table.epoch()));
+        }
+        if let Err(e) = valid::check(&op, p, self.config.partitions) {
+            return err(e);
         }
         self.apply(&t.held, p, op, Bytes::new())
     }
@@ -767,13 +752,7 @@ impl NodeHandler {
                 name,
                 inode: file,
                 mtime,
-            } if meta_partition(file.ino, self.config.partitions) == p => {
-                s.dir_create(p, dir, name, file, mtime).map(inode)
-            }
-            Op::DirCreate { inode, dir, .. } => Err(ErrorCode::Invalid(format!(
-                "inode {} is not placed with directory {dir}",
-                inode.ino
-            ))),
+            } => s.dir_create(p, dir, name, file, mtime).map(inode),
             Op::NodeStats => Ok((Response::Stats(self.stats()), Bytes::new())),
             Op::Relinquish { .. } => Err(ErrorCode::Invalid(
                 "a relinquished promise is answered where it is held, not applied".into(),
@@ -933,7 +912,7 @@ impl Handler for Service {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_placement::{assign, NodeWeight, PartitionTable};
+    use tessera_placement::{assign, stripe_partition, NodeWeight, PartitionTable};
     use tessera_proto::NodeAddr;
 
     const P: u32 = 16;

@@ -9,6 +9,7 @@ mod purge;
 mod rename_lock;
 pub mod store;
 mod sync;
+mod valid;
 pub mod watch;
 
 use handler::{NodeHandler, Service};

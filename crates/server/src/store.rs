@@ -5,7 +5,7 @@ use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use tessera_placement::{stripe_partition, Ino, PartitionId};
+use tessera_placement::{meta_partition, stripe_partition, Ino, PartitionId};
 use tessera_proto::{
     check_name, BufferPool, DirEntry, ErrorCode, FileKind, Inode, Listed, Name, SetAttr, SyncItem,
     Timespec, DIR_PAGE_INODE_BYTES, DIR_PAGE_MAX,
@@ -21,11 +21,50 @@ struct Partition {
     /// Stripes by file, then index: dropping or truncating a file touches only its stripes.
     stripes: HashMap<Ino, BTreeMap<u64, Bytes>>,
     inodes: HashMap<Ino, Inode>,
-    /// Directory entries by (directory, name): a listing is a range scan.
-    entries: BTreeMap<(Ino, Name), DirEntry>,
+    entries: Entries,
     /// Changes refused (retryable `NotReady`) while the last round of a sync reads the
     /// partition: checked under the partition's lock, so no change slips past the snapshot.
     fenced: bool,
+}
+
+/// A partition's directory entries, and how many of them name each inode: an inode named here
+/// is not deleted when its link count drops to zero (a client that dropped one link too many),
+/// so that a name never leads to nothing where the server can see both.
+#[derive(Default)]
+struct Entries {
+    /// By (directory, name): a listing is a range scan.
+    map: BTreeMap<(Ino, Name), DirEntry>,
+    named: HashMap<Ino, u32>,
+}
+
+impl Entries {
+    fn insert(&mut self, key: (Ino, Name), e: DirEntry) -> Option<DirEntry> {
+        *self.named.entry(e.ino).or_default() += 1;
+        let old = self.map.insert(key, e);
+        if let Some(old) = &old {
+            self.unname(old.ino);
+        }
+        old
+    }
+
+    fn remove(&mut self, key: &(Ino, Name)) -> Option<DirEntry> {
+        let old = self.map.remove(key)?;
+        self.unname(old.ino);
+        Some(old)
+    }
+
+    fn unname(&mut self, ino: Ino) {
+        if let std::collections::hash_map::Entry::Occupied(mut n) = self.named.entry(ino) {
+            *n.get_mut() -= 1;
+            if *n.get() == 0 {
+                n.remove();
+            }
+        }
+    }
+
+    fn names(&self, ino: Ino) -> bool {
+        self.named.contains_key(&ino)
+    }
 }
 
 /// A partition's state at one instant, for syncing it to another node. Stripes are shared
@@ -234,7 +273,7 @@ impl Store {
         Ok(Snapshot {
             stripes: part.stripes.clone(),
             inodes: part.inodes.clone(),
-            entries: part.entries.clone(),
+            entries: part.entries.map.clone(),
         })
     }
 
@@ -255,7 +294,12 @@ impl Store {
             freed += INODE_COST + i.target.len() as u64;
             self.inodes.fetch_sub(1, Ordering::Relaxed);
         }
-        freed += gone.entries.keys().map(|(_, n)| entry_cost(n)).sum::<u64>();
+        freed += gone
+            .entries
+            .map
+            .keys()
+            .map(|(_, n)| entry_cost(n))
+            .sum::<u64>();
         self.refund(freed);
         Ok(())
     }
@@ -545,6 +589,9 @@ impl Store {
 
     pub fn inode_setattr(&self, p: PartitionId, ino: Ino, a: &SetAttr) -> R<Inode> {
         self.with_inode(p, ino, |i| {
+            if a.size.is_some() {
+                Self::resizable(i)?;
+            }
             if let Some(m) = a.mode {
                 i.mode = m & 0o7777;
             }
@@ -568,26 +615,40 @@ impl Store {
             }
             i.ctime = a.ctime;
             i.change += 1;
-            i.clone()
-        })
+            Ok(i.clone())
+        })?
     }
 
     pub fn inode_extend(&self, p: PartitionId, ino: Ino, size: u64, mtime: Timespec) -> R<Inode> {
         self.with_inode(p, ino, |i| {
+            Self::resizable(i)?;
             i.size = i.size.max(size);
             i.mtime = i.mtime.max(mtime);
             i.ctime = i.ctime.max(mtime);
             i.change += 1;
-            i.clone()
-        })
+            Ok(i.clone())
+        })?
     }
 
-    /// Removes the inode if it has neither links nor open handles. Its stripes are to be
-    /// dropped only if it was removed with a non-zero size: every handle flushed before its
-    /// last close, and truncate drops stripes itself, so a file has none past its size.
+    /// Only a regular file's size is its own to change (a symbolic link's is its target's).
+    fn resizable(i: &Inode) -> R<()> {
+        match i.kind {
+            FileKind::File => Ok(()),
+            FileKind::Dir => Err(ErrorCode::IsDir),
+            _ => Err(ErrorCode::Invalid(format!(
+                "a {:?} has no size to change",
+                i.kind
+            ))),
+        }
+    }
+
+    /// Removes the inode if it has neither links nor open handles nor a name here. Its stripes
+    /// are to be dropped only if it was removed with a non-zero size: every handle flushed
+    /// before its last close, and truncate drops stripes itself, so a file has none past its
+    /// size.
     fn reap(&self, part: &mut Partition, ino: Ino) -> Links {
         match part.inodes.get(&ino) {
-            Some(i) if i.nlink == 0 && i.open_count == 0 => {
+            Some(i) if i.nlink == 0 && i.open_count == 0 && !part.entries.names(ino) => {
                 let i = part.inodes.remove(&ino).expect("present");
                 self.refund(INODE_COST + i.target.len() as u64);
                 self.inodes.fetch_sub(1, Ordering::Relaxed);
@@ -675,8 +736,21 @@ impl Store {
         check_name(&name)?;
         let mut part = self.part_mut(p)?;
         Self::dir_of(&mut part, dir)?;
+        // The inode, where it lives here, is there and of the entry's kind.
+        match part.inodes.get(&entry.ino) {
+            Some(i) if i.kind != entry.kind => {
+                return Err(ErrorCode::Invalid(format!(
+                    "inode {} is a {:?}, not a {:?}",
+                    entry.ino, i.kind, entry.kind
+                )))
+            }
+            None if meta_partition(entry.ino, self.partitions.len() as u32) == p => {
+                return Err(ErrorCode::NotFound)
+            }
+            _ => {}
+        }
         let key = (dir, name);
-        let old = part.entries.get(&key).copied();
+        let old = part.entries.map.get(&key).copied();
         if let Some(old) = &old {
             if !replace {
                 return Err(ErrorCode::Exists);
@@ -704,7 +778,7 @@ impl Store {
         let mut part = self.part_mut(p)?;
         Self::dir_of(&mut part, dir)?;
         let key = (dir, name);
-        let e = *part.entries.get(&key).ok_or(ErrorCode::NotFound)?;
+        let e = *part.entries.map.get(&key).ok_or(ErrorCode::NotFound)?;
         if expect.is_some_and(|i| i != e.ino) {
             return Err(ErrorCode::NotFound);
         }
@@ -744,6 +818,7 @@ impl Store {
         let part = self.part(p)?;
         let entry = part
             .entries
+            .map
             .get(&(dir, name.to_vec()))
             .copied()
             .ok_or(ErrorCode::NotFound)?;
@@ -766,7 +841,7 @@ impl Store {
         let mut part = self.part_mut(p)?;
         Self::dir_of(&mut part, dir)?;
         let key = (dir, name);
-        if part.entries.contains_key(&key) || part.inodes.contains_key(&inode.ino) {
+        if part.entries.map.contains_key(&key) || part.inodes.contains_key(&inode.ino) {
             return Err(ErrorCode::Exists);
         }
         let cost = INODE_COST + inode.target.len() as u64 + entry_cost(&key.1);
@@ -804,7 +879,7 @@ impl Store {
             None => Unbounded,
         };
         let mut budget = DIR_PAGE_INODE_BYTES;
-        let mut it = part.entries.range((start, end)).map(|((_, n), e)| {
+        let mut it = part.entries.map.range((start, end)).map(|((_, n), e)| {
             let inode = part.inodes.get(&e.ino).filter(|i| {
                 let size = INODE_COST as usize + i.target.len();
                 let fits = size <= budget;
@@ -836,6 +911,7 @@ impl Store {
         Self::dir_of(&mut part, dir)?;
         let src = *part
             .entries
+            .map
             .get(&(dir, from.clone()))
             .ok_or(ErrorCode::NotFound)?;
         let unchanged = |part: &mut Partition| {
@@ -850,7 +926,7 @@ impl Store {
         if from == to {
             return unchanged(&mut part);
         }
-        let old = part.entries.get(&(dir, to.clone())).copied();
+        let old = part.entries.map.get(&(dir, to.clone())).copied();
         if let Some(old) = &old {
             if !replace {
                 return Err(ErrorCode::Exists);
@@ -901,6 +977,7 @@ impl Store {
         Self::dir_of(&mut part, dir)?;
         let has_entries = part
             .entries
+            .map
             .range((dir, Vec::new())..)
             .next()
             .is_some_and(|((d, _), _)| *d == dir);
@@ -951,6 +1028,12 @@ mod tests {
 
     fn entry(ino: Ino, kind: FileKind) -> DirEntry {
         DirEntry { ino, kind }
+    }
+
+    /// A number, from `n * 1000` on, whose inode lives in another partition than 0 (where the
+    /// tests' directories are): an entry may name it without its inode being here.
+    fn far(n: u64) -> Ino {
+        (n * 1000..).find(|&i| meta_partition(i, 4) != 0).unwrap()
     }
 
     #[derive(Debug, Clone)]
@@ -1096,6 +1179,14 @@ mod tests {
             }
             drop(base);
             prop_assert_eq!(contents(&src), contents(&dst));
+            for s in [&src, &dst] {
+                let part = s.part(0).unwrap();
+                let mut recount = HashMap::<Ino, u32>::new();
+                for e in part.entries.map.values() {
+                    *recount.entry(e.ino).or_default() += 1;
+                }
+                prop_assert_eq!(&part.entries.named, &recount, "names counted as they are");
+            }
             prop_assert_eq!(src.used(), dst.used());
             prop_assert_eq!((src.stripe_count(), src.inode_count()), (dst.stripe_count(), dst.inode_count()));
             dst.clear(0).unwrap();
@@ -1447,7 +1538,7 @@ mod tests {
         assert_eq!(kept, Ok((e(22), Some((0, None)), t(3))), "open: kept");
         // A name whose inode lives elsewhere (a hard link): the caller drops the link.
         let far = DirEntry {
-            ino: 99,
+            ino: far(99),
             kind: FileKind::File,
         };
         s.dir_insert(0, 10, b"far".to_vec(), far, false, t(4))
@@ -1465,9 +1556,122 @@ mod tests {
     }
 
     #[test]
+    fn an_inode_named_here_outlives_links_dropped_too_many_times() {
+        let s = store(1 << 20);
+        s.inode_create(0, inode(10, FileKind::Dir)).unwrap();
+        s.dir_create(0, 10, b"f".to_vec(), inode(20, FileKind::File), t(1))
+            .unwrap();
+        // A second name without a link, as a rename between two directories here makes for a
+        // moment; then a buggy client drops the one link and unlinks one name.
+        s.dir_insert(0, 10, b"g".to_vec(), entry(20, FileKind::File), false, t(1))
+            .unwrap();
+        assert_eq!(s.inode_link(0, 20, -1, t(2)), Ok((0, None)));
+        assert_eq!(s.inode_link(0, 20, -1, t(2)), Ok((0, None)), "no underflow");
+        let unlinked = s.dir_unlink(0, 10, b"f".to_vec(), t(3)).unwrap();
+        assert_eq!(unlinked.1, Some((0, None)));
+        assert_eq!(
+            s.dir_lookup(0, 10, b"g").map(|(_, i)| i.is_some()),
+            Ok(true),
+            "the other name still leads to the inode"
+        );
+        let unlinked = s.dir_unlink(0, 10, b"g".to_vec(), t(4)).unwrap();
+        assert_eq!(unlinked.1, Some((0, None)), "its last name gone: deleted");
+        assert_eq!(s.inode_get(0, 20), Err(ErrorCode::NotFound));
+        // A rename over a name of an inode that has another name here keeps it.
+        s.dir_create(0, 10, b"a".to_vec(), inode(21, FileKind::File), t(5))
+            .unwrap();
+        s.dir_insert(0, 10, b"b".to_vec(), entry(21, FileKind::File), false, t(5))
+            .unwrap();
+        s.dir_create(0, 10, b"c".to_vec(), inode(22, FileKind::File), t(5))
+            .unwrap();
+        let renamed = s
+            .dir_rename(0, 10, b"c".to_vec(), b"a".to_vec(), true, false, t(6))
+            .unwrap();
+        assert_eq!(renamed.links, Some((0, None)));
+        assert!(s.inode_get(0, 21).is_ok(), "still named b");
+    }
+
+    #[test]
+    fn an_entry_leads_to_an_inode_of_its_kind_where_the_server_sees_it() {
+        let s = store(1 << 20);
+        s.inode_create(0, inode(10, FileKind::Dir)).unwrap();
+        s.dir_create(0, 10, b"f".to_vec(), inode(20, FileKind::File), t(1))
+            .unwrap();
+        let here = (2..).find(|&i| meta_partition(i, 4) == 0).unwrap();
+        assert_eq!(
+            s.dir_insert(
+                0,
+                10,
+                b"x".to_vec(),
+                entry(here, FileKind::Dir),
+                false,
+                t(2)
+            ),
+            Err(ErrorCode::NotFound),
+            "an inode that would be here is not"
+        );
+        assert!(matches!(
+            s.dir_insert(
+                0,
+                10,
+                b"x".to_vec(),
+                entry(20, FileKind::Symlink),
+                false,
+                t(2)
+            ),
+            Err(ErrorCode::Invalid(_))
+        ));
+        assert_eq!(
+            s.dir_insert(0, 10, b"x".to_vec(), entry(20, FileKind::File), false, t(2)),
+            Ok(None)
+        );
+        assert_eq!(
+            s.dir_insert(
+                0,
+                10,
+                b"y".to_vec(),
+                entry(far(1), FileKind::File),
+                false,
+                t(2)
+            ),
+            Ok(None),
+            "an inode elsewhere is the caller's word"
+        );
+        assert_eq!(s.inode_get(0, 10).unwrap().mtime, t(2));
+    }
+
+    #[test]
+    fn only_a_regular_file_changes_size() {
+        let s = store(1 << 20);
+        let mut link = inode(12, FileKind::Symlink);
+        link.target = b"/x".to_vec();
+        link.size = 2;
+        s.inode_create(0, link).unwrap();
+        s.inode_create(0, inode(13, FileKind::Dir)).unwrap();
+        s.inode_create(0, inode(14, FileKind::File)).unwrap();
+        let resize = SetAttr {
+            size: Some(9),
+            ..SetAttr::default()
+        };
+        assert!(matches!(
+            s.inode_setattr(0, 12, &resize),
+            Err(ErrorCode::Invalid(_))
+        ));
+        assert_eq!(s.inode_setattr(0, 13, &resize), Err(ErrorCode::IsDir));
+        assert!(matches!(
+            s.inode_extend(0, 12, 9, t(1)),
+            Err(ErrorCode::Invalid(_))
+        ));
+        assert_eq!(s.inode_extend(0, 13, 9, t(1)), Err(ErrorCode::IsDir));
+        assert_eq!(s.inode_get(0, 12).unwrap().size, 2, "unchanged");
+        assert_eq!(s.inode_setattr(0, 14, &resize).unwrap().size, 9);
+        assert_eq!(s.inode_extend(0, 14, 10, t(1)).unwrap().size, 10);
+    }
+
+    #[test]
     fn directory_rules() {
         let s = store(1 << 20);
-        let (d, f, sub) = (10, 11, 12);
+        let (d, f, sub) = (10, far(11), far(12));
         s.inode_create(0, inode(d, FileKind::Dir)).unwrap();
         let file = DirEntry {
             ino: f,
@@ -1515,7 +1719,7 @@ mod tests {
         assert_eq!(
             s.dir_lookup(0, d, b"f"),
             Ok((file, None)),
-            "inode 11 lives elsewhere"
+            "the file's inode lives elsewhere"
         );
         assert_eq!(
             s.dir_remove(0, d, b"s".to_vec(), None, Some(false), t(3)),
@@ -1536,7 +1740,7 @@ mod tests {
         assert_eq!(
             (moved.moved, moved.ctime_set, moved.replaced, moved.links),
             (Some(file), false, None, None),
-            "inode 11 lives elsewhere: its ctime is the caller's to set"
+            "the file's inode lives elsewhere: its ctime is the caller's to set"
         );
         assert_eq!(moved.dir, s.inode_get(0, d).unwrap());
         assert_eq!(
@@ -1575,7 +1779,7 @@ mod tests {
         }
         for i in 0..25u64 {
             let e = DirEntry {
-                ino: 100 + i,
+                ino: far(100 + i),
                 kind: FileKind::File,
             };
             s.dir_insert(0, 20, format!("n{i:02}").into_bytes(), e, false, t(1))
@@ -1610,7 +1814,7 @@ mod tests {
         s.dir_create(0, 10, b"a".to_vec(), inode(11, FileKind::File), t(1))
             .unwrap();
         let away = DirEntry {
-            ino: 12,
+            ino: far(12),
             kind: FileKind::File,
         };
         s.dir_insert(0, 10, b"b".to_vec(), away, false, t(1))

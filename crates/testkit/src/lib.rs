@@ -3,12 +3,18 @@
 //! in-memory model.
 
 use anyhow::{bail, Context, Result};
+use bytes::Bytes;
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tessera_proto::{
+    BufferPool, ErrorCode, NodeId, Op, Request, Response, RpcClient, RpcConfig, Secret, TableInfo,
+};
 
 /// Path of a binary built from this workspace (next to the test executable's `deps/`).
 pub fn bin(name: &str) -> Result<PathBuf> {
@@ -510,6 +516,103 @@ impl Drop for Worker {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Raw requests to the servers, as a client holding the cluster secret may send them: for
+/// protocol-level tests of what the servers accept. Each goes to the primary of its partition
+/// under the manager's current table.
+pub struct Raw {
+    rpc: RpcConfig,
+    manager: SocketAddr,
+    info: TableInfo,
+    conns: HashMap<NodeId, RpcClient>,
+}
+
+impl Raw {
+    pub async fn connect(manager: SocketAddr, secret: &str) -> Result<Self> {
+        let rpc = RpcConfig::new(Secret::new(secret), Arc::new(BufferPool::new(1 << 20, 4)));
+        let info = Self::table(manager, &rpc).await?;
+        Ok(Self {
+            rpc,
+            manager,
+            info,
+            conns: HashMap::new(),
+        })
+    }
+
+    async fn table(manager: SocketAddr, rpc: &RpcConfig) -> Result<TableInfo> {
+        let conn = RpcClient::connect(manager, rpc).await?;
+        match conn.call(&Request::GetTable, Bytes::new()).await?.0 {
+            Response::Table(info) => Ok(info),
+            other => bail!("no table from the manager: {other:?}"),
+        }
+    }
+
+    /// The partition table requests are routed with.
+    #[must_use]
+    pub fn info(&self) -> &TableInfo {
+        &self.info
+    }
+
+    async fn conn(&mut self, node: NodeId) -> Result<&RpcClient> {
+        if self.conns.get(&node).is_none_or(RpcClient::is_closed) {
+            let addr = self
+                .info
+                .nodes
+                .iter()
+                .find(|n| n.id == node)
+                .context("a replica without an address")?
+                .addr;
+            self.conns
+                .insert(node, RpcClient::connect(addr, &self.rpc).await?);
+        }
+        Ok(&self.conns[&node])
+    }
+
+    /// The answers to `op` of the primary of its partition, or of every replica (primary
+    /// first), once the table has settled enough for them all to take it.
+    async fn send(&mut self, op: &Op, every: bool) -> Result<Vec<Response>> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        'again: loop {
+            let p = op
+                .partition(self.info.config.partitions)
+                .context("a node-wide operation")?;
+            let mut nodes = self.info.table.replicas(p).to_vec();
+            nodes.truncate(if every { nodes.len() } else { 1 });
+            let mut answers = Vec::new();
+            for node in &nodes {
+                let req = Request::Op {
+                    epoch: self.info.table.epoch(),
+                    op: op.clone(),
+                };
+                let resp = self.conn(*node).await?.call(&req, Bytes::new()).await?.0;
+                if let Response::Error(ErrorCode::StaleEpoch { .. } | ErrorCode::NotReady(_)) = resp
+                {
+                    if Instant::now() > deadline {
+                        bail!("the table did not settle: {resp:?}");
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    self.info = Self::table(self.manager, &self.rpc).await?;
+                    continue 'again;
+                }
+                answers.push(resp);
+            }
+            return Ok(answers);
+        }
+    }
+
+    /// Sends `op` to the primary of its partition; its answer.
+    pub async fn call(&mut self, op: &Op) -> Result<Response> {
+        self.send(op, false)
+            .await?
+            .pop()
+            .context("the partition has no replica")
+    }
+
+    /// Sends a read to every replica of its partition: their answers, primary first.
+    pub async fn everywhere(&mut self, op: &Op) -> Result<Vec<Response>> {
+        self.send(op, true).await
     }
 }
 
