@@ -192,9 +192,9 @@ pub enum Op {
     },
     /// Node-wide: cut every stripe of `file` held here to end at byte `size` of the file.
     TruncateStripes { file: Ino, size: u64 },
-    /// Node-wide, from the server that deleted these files' inodes: delete their stripes held
-    /// here (each file with its size at deletion: its stripes lie below it). Reply: `Ok`.
-    DropFiles { files: Vec<(Ino, u64)> },
+    /// Node-wide, from the server that deleted these files' inodes: delete every stripe of
+    /// them held here, whatever their sizes were. Reply: `Ok`.
+    DropFiles { files: Vec<Ino> },
     /// Create an inode; `Exists` if the number is taken. Reply: `Ok`.
     InodeCreate { inode: Inode },
     /// Reply: `Inode`.

@@ -824,7 +824,7 @@ mod tests {
                     ..
                 } => {
                     if let Some(w) = conn.watcher() {
-                        for (ino, _) in files {
+                        for ino in files {
                             w.notify(Notice::Attr { ino });
                         }
                     }
@@ -909,9 +909,7 @@ mod tests {
         let mut conn = lane(addr, &cfg, Some(watcher)).await.unwrap();
         let drop_file = Request::Op {
             epoch: 1,
-            op: Op::DropFiles {
-                files: vec![(7, 1)],
-            },
+            op: Op::DropFiles { files: vec![7] },
         };
         let (conn, answer) = tokio::task::spawn_blocking(move || {
             let answer = conn.call(&drop_file, b"xyz");

@@ -625,9 +625,9 @@ impl NodeHandler {
         let s = &self.store;
         // A deleted file's stripes are dropped in the background by every copy of its inode's
         // partition: the drop outlives the server that answered.
-        let links = |ino: Ino, (nlink, data): Links| {
-            if let Some(size) = data {
-                self.purge.push(ino, size);
+        let links = |ino: Ino, (nlink, deleted): Links| {
+            if deleted {
+                self.purge.push(ino);
             }
             nlink
         };
@@ -645,9 +645,7 @@ impl NodeHandler {
             } => s
                 .read(p, file, stripe, offset, len)
                 .map(|b| (Response::Ok, b)),
-            Op::TruncateStripes { file, size } => {
-                s.truncate(held.iter().copied(), file, size).map(|()| ok())
-            }
+            Op::TruncateStripes { file, size } => s.truncate(held, file, size).map(|()| ok()),
             Op::DropFiles { files } => s.drop_files(held, &files).map(|()| ok()),
             Op::InodeCreate { inode } => s.inode_create(p, inode).map(|()| ok()),
             Op::InodeGet { ino } => s.inode_get(p, ino).map(inode),
