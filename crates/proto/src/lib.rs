@@ -32,7 +32,7 @@ pub use rpc::{
 /// look-ups carrying inodes; 3: `Inode::change`, `DirUnlink`; 4: `Subscribe` and notices; 5:
 /// `Attach`, `Subscribed`; 6: `Notice::Listing`; 7: `DirRename` in one step, `Renamed`; 8:
 /// deleted files' stripes dropped by servers, `DropFiles`; 9: completeness recalled before
-/// another's change, `Relinquish`; 10: `DropFiles` without sizes).
+/// another's change, `Relinquish`; 10: `InodeRetract`, `DropFiles` without sizes).
 pub const PROTOCOL_VERSION: u16 = 10;
 /// First bytes of every connection.
 pub const MAGIC: [u8; 4] = *b"TSRA";

@@ -207,6 +207,9 @@ pub enum Op {
         size: u64,
         mtime: Timespec,
     },
+    /// Undo a writer's extend whose last bytes were not stored: if the size is still `from`
+    /// (nobody extended the file since), it becomes `to`. Reply: `Inode`.
+    InodeRetract { ino: Ino, from: u64, to: u64 },
     /// Add `delta` to the link count. When links and open handles both reach zero the server
     /// deletes the inode and drops its stripes in the background. Reply: `Links`.
     InodeLink {

@@ -108,6 +108,7 @@ fn is_meta_change(op: &Op) -> bool {
         Op::InodeCreate { .. }
             | Op::InodeSetAttr { .. }
             | Op::InodeExtend { .. }
+            | Op::InodeRetract { .. }
             | Op::InodeLink { .. }
             | Op::InodeOpen { .. }
             | Op::InodeClose { .. }
@@ -307,6 +308,7 @@ impl NodeHandler {
             Op::InodeGet { ino }
             | Op::InodeSetAttr { ino, .. }
             | Op::InodeExtend { ino, .. }
+            | Op::InodeRetract { ino, .. }
             | Op::InodeLink { ino, .. }
             | Op::InodeOpen { ino }
             | Op::InodeClose { ino } => Some(meta_partition(*ino, p)),
@@ -651,6 +653,7 @@ impl NodeHandler {
             Op::InodeGet { ino } => s.inode_get(p, ino).map(inode),
             Op::InodeSetAttr { ino, attr } => s.inode_setattr(p, ino, &attr).map(inode),
             Op::InodeExtend { ino, size, mtime } => s.inode_extend(p, ino, size, mtime).map(inode),
+            Op::InodeRetract { ino, from, to } => s.inode_retract(p, ino, from, to).map(inode),
             Op::InodeLink { ino, delta, ctime } => s
                 .inode_link(p, ino, delta, ctime)
                 .map(|l| answer_links(links(ino, l))),

@@ -609,6 +609,18 @@ impl Store {
         })
     }
 
+    /// Takes a writer's extent back to `to` if the size is still `from`: nobody extended the
+    /// file since. A size left as it was counts as no change.
+    pub fn inode_retract(&self, p: PartitionId, ino: Ino, from: u64, to: u64) -> R<Inode> {
+        self.with_inode(p, ino, |i| {
+            if i.size == from && to < from {
+                i.size = to;
+                i.change += 1;
+            }
+            i.clone()
+        })
+    }
+
     /// Removes the inode if it has neither links nor open handles. A file's stripes are then
     /// to be dropped whatever its size: a write that failed, or was never published, may have
     /// stored stripes past it.
@@ -1339,6 +1351,13 @@ mod tests {
             s.inode_extend(0, 8, 50, t(6)).unwrap().size,
             100,
             "extend never shrinks"
+        );
+        let retracted = s.inode_retract(0, 8, 100, 40).unwrap();
+        assert_eq!(retracted.size, 40, "the extent taken back");
+        assert_eq!(
+            s.inode_retract(0, 8, 100, 10).unwrap(),
+            retracted,
+            "moved since: left alone"
         );
         let a = SetAttr {
             size: Some(10),
