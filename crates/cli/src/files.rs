@@ -4,7 +4,7 @@
 
 use crate::up::human;
 use anyhow::{bail, Context, Result};
-use futures::stream::{self, StreamExt, TryStreamExt};
+use futures::stream::{self, StreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::path::PathBuf;
 use tessera_client::{Client, FileKind, Inode, OpenOptions, Timespec};
@@ -270,36 +270,45 @@ async fn copy_one(c: &Client, job: &Job, pb: &ProgressBar) -> Result<()> {
     };
     let mut buf = vec![0u8; chunk];
     let mut off = 0u64;
-    loop {
-        let data: bytes::Bytes = if let Some(f) = local_in.as_mut() {
-            let n = f.read(&mut buf).await?;
-            bytes::Bytes::copy_from_slice(&buf[..n])
-        } else if let Some(f) = remote_in.as_mut() {
-            f.read_at(off, chunk)
-                .await
-                .with_context(|| job.src.show())?
-        } else {
-            unreachable!("a source is local or remote")
-        };
-        if data.is_empty() {
-            break;
+    let copied: Result<()> = async {
+        loop {
+            let data: bytes::Bytes = if let Some(f) = local_in.as_mut() {
+                let n = f.read(&mut buf).await?;
+                bytes::Bytes::copy_from_slice(&buf[..n])
+            } else if let Some(f) = remote_in.as_mut() {
+                f.read_at(off, chunk)
+                    .await
+                    .with_context(|| job.src.show())?
+            } else {
+                unreachable!("a source is local or remote")
+            };
+            if data.is_empty() {
+                return Ok(());
+            }
+            if let Some(f) = local_out.as_mut() {
+                f.write_all(&data).await?;
+            } else if let Some(f) = remote_out.as_mut() {
+                f.write_at(off, &data)
+                    .await
+                    .with_context(|| job.dst.show())?;
+            }
+            off += data.len() as u64;
+            pb.inc(data.len() as u64);
         }
-        if let Some(f) = local_out.as_mut() {
-            f.write_all(&data).await?;
-        } else if let Some(f) = remote_out.as_mut() {
-            f.write_at(off, &data)
-                .await
-                .with_context(|| job.dst.show())?;
-        }
-        off += data.len() as u64;
-        pb.inc(data.len() as u64);
     }
-    if let Some(f) = remote_in {
-        f.close().await?;
-    }
-    if let Some(f) = remote_out {
-        f.close().await.with_context(|| job.dst.show())?;
-    }
+    .await;
+    // Closed also after a failure, not dropped: a dropped handle finishes in the background,
+    // which this process exiting cuts short, leaving the file open on the servers and the
+    // size of what was stored unpublished.
+    let read = match remote_in {
+        Some(f) => f.close().await.with_context(|| job.src.show()),
+        None => Ok(()),
+    };
+    let written = match remote_out {
+        Some(f) => f.close().await.with_context(|| job.dst.show()),
+        None => Ok(()),
+    };
+    copied.and(read).and(written)?;
     if let (Some(mut f), Loc::Local(p)) = (local_out, &job.dst) {
         use std::os::unix::fs::PermissionsExt;
         f.flush().await?;
@@ -320,11 +329,20 @@ pub async fn cp(c: &Client, args: &CpArgs) -> Result<()> {
     );
     let files = jobs.len();
     let start = std::time::Instant::now();
-    stream::iter(jobs.iter().map(|j| copy_one(c, j, &pb)))
+    // Every copy runs to its end, also after one failed: one cut off would leave its file
+    // open on the servers (a dropped handle), and its space held after a removal.
+    let copied: Vec<Result<()>> = stream::iter(jobs.iter().map(|j| copy_one(c, j, &pb)))
         .buffer_unordered(args.jobs.max(1))
-        .try_collect::<()>()
-        .await?;
+        .collect()
+        .await;
     pb.finish_and_clear();
+    let mut failed = copied.into_iter().filter_map(Result::err);
+    if let Some(first) = failed.next() {
+        for e in failed {
+            eprintln!("tessera: {e:#}");
+        }
+        return Err(first);
+    }
     let secs = start.elapsed().as_secs_f64();
     eprintln!(
         "copied {files} files, {} in {secs:.2} s ({}/s)",
