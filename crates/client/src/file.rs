@@ -490,12 +490,13 @@ impl File {
 
     /// Stores everything written so far and publishes the size and modification time, so a
     /// process that opens the file afterwards sees it (what `fsync` and `close` do). The size
-    /// goes out once the bytes under it are stored, so it leaves out a write that failed.
+    /// goes out once the bytes under it are stored, so it leaves out a write that failed; but
+    /// see `flush_beside`.
     pub async fn flush(&mut self) -> Result<()> {
         if self.closed {
             return Err(Error::BadHandle("anything: it is closed"));
         }
-        if let Some(done) = self.flush_on_lane().await {
+        if let Some(done) = self.flush_beside().await {
             return done;
         }
         let drained = self.drain().await;
@@ -503,17 +504,17 @@ impl File {
         drained.and(published)
     }
 
-    /// `flush` of a file whose only unsent bytes are one small stripe write, on a FUSE worker
-    /// (a small file's close): that write and the size go out on the worker's lane, to two
-    /// nodes, and the worker reads both answers itself, with no hand-off to the runtime's
-    /// tasks. `None`: not such a flush (or the lane cannot take it), nothing done.
+    /// `flush` of a file whose only write not yet stored is the one in its buffer (a small
+    /// file's close): the size goes out beside that write instead of after it, so the close
+    /// waits one round trip, not two. A process that opens the file after the close sees size
+    /// and bytes either way (close-to-open); one that opens it during the close may find the
+    /// new size before the bytes. If the write fails for good, the size is taken back before
+    /// the flush answers (`InodeRetract`), unless another writer moved it since.
     ///
-    /// The size goes out beside the write instead of after it: the close waits one round trip,
-    /// not two. A process that opens the file after the close sees size and bytes either way
-    /// (close-to-open); one that opens it during the close may find the new size before the
-    /// bytes. If the write then fails for good, the size is taken back before the close
-    /// answers (`InodeRetract`).
-    async fn flush_on_lane(&mut self) -> Option<Result<()>> {
+    /// On a FUSE worker, when the write has one replica and it is not on the inode's node, the
+    /// write and the size go out on the worker's lane, and the worker reads both answers
+    /// itself, with no hand-off to the runtime's tasks. `None`: not such a flush, nothing done.
+    async fn flush_beside(&mut self) -> Option<Result<()>> {
         if !self.inflight.is_empty()
             || !self.lagging.is_empty()
             || self.extent.is_none()
@@ -532,23 +533,37 @@ impl File {
         let data = buf.freeze();
         let client = self.client.clone();
         let router = &client.router;
-        let Some(sent) = router
-            .send_write_on_lane(key, &op, &data, Key::Meta(self.ino))
-            .await
-        else {
-            // Not sent: the buffer is back as it was (unshared, so not copied).
-            let buf = data
-                .try_into_mut()
-                .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
-            self.pending = Some((start, buf));
-            return None;
-        };
         let before = self.base;
         let size = self.reach();
-        let published = self.publish().await;
-        if let Err(e) = router.finish_lane_write(sent, key, &op, &data).await {
-            // Taken back only if this publish set the size and nobody moved it since, to
-            // where the write started (what this handle wrote before it is stored).
+        let (published, stored) = match router
+            .send_write_on_lane(key, &op, &data, Key::Meta(self.ino))
+            .await
+        {
+            Some(sent) => {
+                let published = self.publish().await;
+                let stored = router.finish_lane_write(sent, key, &op, &data).await;
+                if stored.is_ok() {
+                    router.pool().recycle(data);
+                }
+                (published, stored)
+            }
+            None => {
+                // Not sent: the buffer is back as it was (unshared, so not copied), and goes
+                // out on the runtime's connections.
+                let buf = data
+                    .try_into_mut()
+                    .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
+                self.pending = Some((start, buf));
+                if self.send_pending().await.is_err() {
+                    // Not even queued: lost, and left to `flush`.
+                    return None;
+                }
+                let published = self.publish().await;
+                (published, self.drain().await)
+            }
+        };
+        if stored.is_err() {
+            // What this handle wrote before the write is stored.
             let to = start.max(before);
             if published.is_ok() && size == Some(self.size) && to < self.size {
                 if let Err(e) = self.retract(self.size, to).await {
@@ -558,11 +573,10 @@ impl File {
                     );
                 }
             }
-            self.failed.get_or_insert(e);
-        } else {
-            router.pool().recycle(data);
+            // Reported by this flush.
+            self.lost = Lost::default();
         }
-        Some(self.unreported().and(published))
+        Some(self.unreported().and(stored).and(published))
     }
 
     /// Publishes the extent written since the last publish, up to the first byte not stored,

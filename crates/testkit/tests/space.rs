@@ -130,6 +130,33 @@ fn a_write_failing_with_enospc_leaves_only_stored_bytes_and_a_late_close_frees_a
         len > 0 && len <= end,
         "the size {len} is a prefix of the {end} bytes written"
     );
+    // Small files (a close that publishes the size beside the file's one write) until several
+    // failed: each holds what was written, or nothing.
+    let mut failures = 0;
+    for k in 0..400u64 {
+        if failures == 8 {
+            break;
+        }
+        let path = format!("/small-{k}");
+        let v = w.call(&json!({"cmd": "write_file", "path": path, "len": 60 << 10, "seed": k}))?;
+        match errno_of(&v) {
+            None => {
+                holds_pattern(&mut other, &path, k)?;
+            }
+            Some(e) => {
+                assert_eq!(e, i64::from(ENOSPC), "{path}: {v}");
+                failures += 1;
+                let st = other.call(&json!({"cmd": "stat", "path": path}))?;
+                assert!(
+                    errno_of(&st).is_some() || st["size"] == 0,
+                    "{path}: its close failed, yet it has {} bytes",
+                    st["size"]
+                );
+            }
+        }
+        let _ = other.call(&json!({"cmd": "unlink", "path": path}))?;
+    }
+    assert_eq!(failures, 8, "small files never filled the cluster");
 
     // Removed while open: the last close frees every stripe the file wrote, also those past
     // its size.
@@ -242,7 +269,14 @@ fn small_files_fill_what_is_left(dir: &std::path::Path) -> Result<()> {
             break;
         }
         let path = dir.join(format!("small-{k}"));
-        let mut f = std::fs::File::create(&path)?;
+        let mut f = match std::fs::File::create(&path) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(ENOSPC) => {
+                failures += 1; // no room for its inode
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         let wrote = f.write_all(&pattern(100 + k, 0, LEN));
         // SAFETY: a descriptor this function owns, closed once.
         let closed = unsafe { libc::close(f.into_raw_fd()) } == 0;
