@@ -5,7 +5,7 @@
 
 use crate::up::human;
 use anyhow::{bail, Context, Result};
-use futures::stream::{self, StreamExt, TryStreamExt};
+use futures::stream::{self, StreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -545,26 +545,34 @@ async fn copy_one(c: &Client, job: &Job, pb: &ProgressBar) -> Result<()> {
         .with_context(|| format!("creating {}", job.dst.show()))?;
     let mut buf = vec![0u8; chunk];
     let mut off = 0u64;
-    loop {
-        let data: bytes::Bytes = if let Some(f) = local_in.as_mut() {
-            let n = f.read(&mut buf).await.with_context(what)?;
-            bytes::Bytes::copy_from_slice(&buf[..n])
-        } else if let Some(f) = remote_in.as_mut() {
-            f.read_at(off, chunk).await.with_context(what)?
-        } else {
-            unreachable!("a source is local or remote")
-        };
-        if data.is_empty() {
-            break;
+    let copied: Result<()> = async {
+        loop {
+            let data: bytes::Bytes = if let Some(f) = local_in.as_mut() {
+                let n = f.read(&mut buf).await.with_context(what)?;
+                bytes::Bytes::copy_from_slice(&buf[..n])
+            } else if let Some(f) = remote_in.as_mut() {
+                f.read_at(off, chunk).await.with_context(what)?
+            } else {
+                unreachable!("a source is local or remote")
+            };
+            if data.is_empty() {
+                return Ok(());
+            }
+            out.write_at(off, &data).await.with_context(what)?;
+            off += data.len() as u64;
+            pb.inc(data.len() as u64);
         }
-        out.write_at(off, &data).await.with_context(what)?;
-        off += data.len() as u64;
-        pb.inc(data.len() as u64);
     }
-    if let Some(f) = remote_in {
-        f.close().await.with_context(what)?;
-    }
-    out.finish(c, job.meta.mode).await.with_context(what)
+    .await;
+    // Closed also after a failure, not dropped: a dropped handle finishes in the background,
+    // which this process exiting cuts short, leaving the file open on the servers and the
+    // size of what was stored unpublished.
+    let read = match remote_in {
+        Some(f) => f.close().await.with_context(what),
+        None => Ok(()),
+    };
+    let written = out.finish(c, job.meta.mode).await.with_context(what);
+    copied.and(read).and(written)
 }
 
 /// Gives each directory made or copied into the permission bits of its source, the deepest
@@ -602,12 +610,21 @@ pub async fn cp(c: &Client, args: &CpArgs) -> Result<()> {
         .count();
     let files = plan.jobs.len() - links;
     let start = std::time::Instant::now();
-    stream::iter(plan.jobs.iter().map(|j| copy_one(c, j, &pb)))
+    // Every copy runs to its end, also after one failed: one cut off would leave its file
+    // open on the servers (a dropped handle), and its space held after a removal.
+    let copied: Vec<Result<()>> = stream::iter(plan.jobs.iter().map(|j| copy_one(c, j, &pb)))
         .buffer_unordered(args.jobs.max(1))
-        .try_collect::<()>()
-        .await?;
-    set_dir_modes(c, &plan.dirs).await?;
+        .collect()
+        .await;
     pb.finish_and_clear();
+    let mut failed = copied.into_iter().filter_map(Result::err);
+    if let Some(first) = failed.next() {
+        for e in failed {
+            eprintln!("tessera: {e:#}");
+        }
+        return Err(first);
+    }
+    set_dir_modes(c, &plan.dirs).await?;
     let secs = start.elapsed().as_secs_f64();
     let links = match links {
         0 => String::new(),

@@ -1,7 +1,7 @@
 use tessera_proto::{ErrorCode, RpcError};
 
 /// Errors of the client library. [`Error::errno`] gives the POSIX code a file system reports.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// A file-system error answered by a server (ENOENT, EEXIST, ENOSPC, ...).
     #[error("{0}")]

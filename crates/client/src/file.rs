@@ -9,8 +9,13 @@
 //! when the primary did, the mirrors' acknowledgements being collected later (at most
 //! `mirror_lag` writes behind; flush and close wait for them). A failed write is reported by the
 //! next write, flush or close (as with NFS). If a write has to be re-sent (stale table, a
-//! replica unreachable), it and every write not fully acknowledged after it are re-sent in
-//! order, to the replicas of the refreshed table (writes are idempotent).
+//! replica unreachable, no room yet), it and every write not fully acknowledged after it are
+//! re-sent in order, to the replicas of the refreshed table (writes are idempotent).
+//!
+//! A write that fails for good leaves the size short of it: the size published stops at the
+//! first byte of this handle's writes that is not stored on every replica, so a file never
+//! reads zeros where its size says data is. Writes run in parallel, so a later one may be
+//! stored past that point; those bytes stay beyond the size.
 //!
 //! Reads: a read fetches all its stripe pieces at once, each from the least loaded replica (a
 //! large piece split over two); on a sequential pattern the next `readahead` stripes are
@@ -19,7 +24,8 @@
 //! fetch each stripe once).
 //!
 //! Consistency: the size and mtime of what this handle wrote are published on flush/close,
-//! and attributes are fetched at open: close-to-open consistency, as NFS gives.
+//! once the bytes under it are stored, and attributes are fetched at open: close-to-open
+//! consistency, as NFS gives.
 
 use crate::route::{unexpected, wait_ack, wait_acks, Ack, Key, Outcome, ReadPart};
 use crate::{Client, Error, OpenOptions, Result, WriteAck};
@@ -38,6 +44,58 @@ struct Inflight {
     data: Bytes,
     /// Replicas still to acknowledge, primary first.
     acks: Vec<Ack>,
+}
+
+impl Inflight {
+    /// The bytes of the file it writes, with stripes of `stripe` bytes.
+    fn range(&self, stripe: u64) -> (u64, u64) {
+        let start = self.stripe * stripe + u64::from(self.offset);
+        (start, start + self.data.len() as u64)
+    }
+}
+
+/// The bytes of a handle's writes since its last publish that are not stored, and why.
+#[derive(Default)]
+struct Lost {
+    ranges: Vec<(u64, u64)>,
+    why: Option<Error>,
+}
+
+impl Lost {
+    fn add(&mut self, (start, end): (u64, u64), why: &Error) {
+        self.ranges.push((start, end));
+        self.why.get_or_insert_with(|| why.clone());
+    }
+
+    /// A later write stored `start..end` (writes complete in the order they were queued, so
+    /// what it covers holds its bytes, the last written there).
+    fn stored(&mut self, (start, end): (u64, u64)) {
+        if self.ranges.is_empty() {
+            return;
+        }
+        let mut left = Vec::with_capacity(self.ranges.len() + 1);
+        for (a, b) in self.ranges.drain(..) {
+            if b <= start || a >= end {
+                left.push((a, b));
+                continue;
+            }
+            if a < start {
+                left.push((a, start));
+            }
+            if b > end {
+                left.push((end, b));
+            }
+        }
+        self.ranges = left;
+        if self.ranges.is_empty() {
+            self.why = None;
+        }
+    }
+
+    /// The first byte not stored.
+    fn first(&self) -> Option<u64> {
+        self.ranges.iter().map(|&(a, _)| a).min()
+    }
 }
 
 #[derive(Default)]
@@ -101,10 +159,16 @@ pub struct File {
     readable: bool,
     writable: bool,
     append: bool,
-    /// The size as this handle knows it: at open, grown by its writes, set by its truncates.
+    /// The size as this handle knows it: at open, grown by its writes, set by its truncates,
+    /// cut back to `base` or the first byte lost.
     size: u64,
+    /// The size as the servers had it at this handle's open, last publish or truncate.
+    base: u64,
     /// End of what this handle wrote since it last published the size.
     extent: Option<u64>,
+    /// What of this handle's writes since its last publish is not stored: the size it
+    /// publishes ends at the first such byte, and that publish reports why (again).
+    lost: Lost,
     mtime: Option<Timespec>,
     pending: Option<(u64, BytesMut)>,
     ack: WriteAck,
@@ -137,7 +201,9 @@ impl File {
             writable: opts.write || opts.append,
             append: opts.append,
             size: inode.size,
+            base: inode.size,
             extent: None,
+            lost: Lost::default(),
             mtime: None,
             pending: None,
             ack,
@@ -187,7 +253,36 @@ impl File {
         if !write && !self.readable {
             return Err(Error::BadHandle("reading"));
         }
+        self.unreported()
+    }
+
+    /// A failure not yet reported to the caller.
+    fn unreported(&mut self) -> Result<()> {
         self.failed.take().map_or(Ok(()), Err)
+    }
+
+    /// These bytes of writes were not stored (`e`): the size ends before them, and the next
+    /// write, flush or close reports `e`.
+    fn lose(&mut self, ranges: impl IntoIterator<Item = (u64, u64)>, e: Error) {
+        for r in ranges {
+            self.lost.add(r, &e);
+        }
+        if let Some(first) = self.lost.first() {
+            self.size = self.size.min(first).max(self.base);
+        }
+        self.failed.get_or_insert(e);
+    }
+
+    /// A write is stored on every replica.
+    fn stored(&mut self, w: Inflight) {
+        self.lost.stored(w.range(self.stripe));
+        self.client.router.pool().recycle(w.data);
+    }
+
+    /// Where this handle's unpublished writes end, short of the first byte not stored.
+    fn reach(&self) -> Option<u64> {
+        let extent = self.extent?;
+        Some(self.lost.first().map_or(extent, |first| extent.min(first)))
     }
 
     /// Writes `data` at `offset` (at the end of the file if opened for append). The bytes may
@@ -207,7 +302,7 @@ impl File {
             let at = offset + seg.buf_offset as u64;
             let joins = matches!(&self.pending, Some((start, buf)) if start + buf.len() as u64 == at && seg.offset != 0);
             if !joins {
-                self.send_pending().await?;
+                self.send().await?;
                 let mut buf = self.client.router.pool().get(self.stripe as usize);
                 buf.reserve(piece.len());
                 self.pending = Some((at, buf));
@@ -218,12 +313,19 @@ impl File {
                 u64::from(seg.offset) + u64::from(seg.len) == self.stripe
             };
             if full {
-                self.send_pending().await?;
+                self.send().await?;
             }
         }
         self.size = self.size.max(end);
         self.extent = Some(self.extent.map_or(end, |e| e.max(end)));
         self.mtime = Some(Timespec::now());
+        if self.lost.first().is_some() {
+            // Once a write was lost, each waits until it is stored and reports its own
+            // failure, as NFS does: a failure reported once can be swallowed on the way (the
+            // kernel answers a write(2) whose second request failed with a short count), and
+            // the caller then writes the rest.
+            self.drain().await?;
+        }
         Ok(data.len())
     }
 
@@ -233,7 +335,8 @@ impl File {
     pub fn buffers(&self, offset: u64, len: usize) -> bool {
         let at = if self.append { self.size } else { offset };
         let within = at % self.stripe;
-        within.saturating_add(len as u64) < self.stripe
+        self.lost.first().is_none()
+            && within.saturating_add(len as u64) < self.stripe
             && match &self.pending {
                 None => true,
                 Some((start, buf)) => start + buf.len() as u64 == at && within != 0,
@@ -244,6 +347,13 @@ impl File {
     /// answered ahead that failed, or was not sent). Its writes are dropped.
     pub fn abandon(&mut self) {
         self.closed = true;
+    }
+
+    /// `send_pending` for a write: a failure found meanwhile (waiting for room in the window)
+    /// is reported by it, which then grows the size no further.
+    async fn send(&mut self) -> Result<()> {
+        self.send_pending().await?;
+        self.unreported()
     }
 
     /// Queues the aggregation buffer as one stripe write to every replica; fails at once only
@@ -264,9 +374,16 @@ impl File {
             offset,
         };
         let router = &self.client.router;
-        let acks = router
+        let acks = match router
             .send_write(&router.route(), Key::Stripe(self.ino, stripe), &op, &data)
-            .await?;
+            .await
+        {
+            Ok(acks) => acks,
+            Err(e) => {
+                self.lose([(start, start + data.len() as u64)], e);
+                return self.unreported();
+            }
+        };
         self.inflight.push_back(Inflight {
             stripe,
             offset,
@@ -288,7 +405,7 @@ impl File {
             WriteAck::Primary => wait_ack(w.acks.remove(0)).await,
         };
         match outcome {
-            Outcome::Done if w.acks.is_empty() => self.client.router.pool().recycle(w.data),
+            Outcome::Done if w.acks.is_empty() => self.stored(w),
             Outcome::Done => {
                 self.lagging.push_back(w);
                 while self.lagging.len() > self.client.opts.mirror_lag {
@@ -298,7 +415,7 @@ impl File {
             // The space may be on its way back: `Router::write`, used by the re-send, waits
             // for it a moment.
             Outcome::Failed(e) if !e.is(&ErrorCode::NoSpace) => {
-                self.failed.get_or_insert(e);
+                self.lose([w.range(self.stripe)], e);
             }
             Outcome::Failed(_) | Outcome::Retry(_) => {
                 self.inflight.push_front(w);
@@ -313,9 +430,9 @@ impl File {
             return;
         };
         match wait_acks(std::mem::take(&mut w.acks)).await {
-            Outcome::Done => self.client.router.pool().recycle(w.data),
+            Outcome::Done => self.stored(w),
             Outcome::Failed(e) if !e.is(&ErrorCode::NoSpace) => {
-                self.failed.get_or_insert(e);
+                self.lose([w.range(self.stripe)], e);
             }
             Outcome::Failed(_) | Outcome::Retry(_) => {
                 self.lagging.push_front(w);
@@ -327,7 +444,9 @@ impl File {
     /// A write must be re-sent: re-sends every write not yet acknowledged by all its replicas,
     /// oldest first (the one that failed is the oldest of its queue, and lagging writes are
     /// older than those in flight), so the last write to each byte is still applied last on
-    /// every replica. Each goes to the replicas of the current table, waiting out a failover.
+    /// every replica. Each goes to the replicas of the current table, waiting out a failover
+    /// (and, refused for want of room, a moment for room). The first that fails for good
+    /// stops the re-sends: it and those after it count as lost.
     async fn redo(&mut self) {
         let mut redo: Vec<Inflight> = self.lagging.drain(..).collect();
         redo.extend(self.inflight.drain(..));
@@ -337,21 +456,21 @@ impl File {
                 .map(|w| wait_acks(std::mem::take(&mut w.acks))),
         )
         .await;
-        let router = &self.client.router;
-        for w in redo {
+        let client = self.client.clone();
+        let mut redo = redo.into_iter();
+        while let Some(w) = redo.next() {
             let op = Op::WriteStripe {
                 file: self.ino,
                 stripe: w.stripe,
                 offset: w.offset,
             };
-            if let Err(e) = router
-                .write(Key::Stripe(self.ino, w.stripe), &op, &w.data)
-                .await
-            {
-                self.failed.get_or_insert(e);
+            let key = Key::Stripe(self.ino, w.stripe);
+            if let Err(e) = client.router.write(key, &op, &w.data).await {
+                let ss = self.stripe;
+                self.lose(std::iter::once(w).chain(redo).map(|w| w.range(ss)), e);
                 return;
             }
-            router.pool().recycle(w.data);
+            self.stored(w);
         }
     }
 
@@ -366,34 +485,41 @@ impl File {
             self.complete_lagging().await;
         }
         sent?;
-        self.failed.take().map_or(Ok(()), Err)
+        self.unreported()
     }
 
     /// Stores everything written so far and publishes the size and modification time, so a
-    /// process that opens the file afterwards sees it (what `fsync` and `close` do).
+    /// process that opens the file afterwards sees it (what `fsync` and `close` do). The size
+    /// goes out once the bytes under it are stored, so it leaves out a write that failed; but
+    /// see `flush_beside`.
     pub async fn flush(&mut self) -> Result<()> {
         if self.closed {
             return Err(Error::BadHandle("anything: it is closed"));
         }
-        // The size goes out beside the last stripes instead of after them: a small file's close
-        // then waits one round trip, not two. A process that opens the file after the close
-        // sees size and bytes either way (close-to-open); one that opens it during the close
-        // may find the new size before the bytes, as it may find some stripes before others.
-        if let Some(done) = self.flush_on_lane().await {
+        if let Some(done) = self.flush_beside().await {
             return done;
         }
-        let sent = self.send_pending().await;
-        let published = self.publish().await;
         let drained = self.drain().await;
-        sent.and(drained).and(published)
+        let published = self.publish().await;
+        drained.and(published)
     }
 
-    /// `flush` of a file whose only unsent bytes are one small stripe write, on a FUSE worker
-    /// (a small file's close): that write and the size go out on the worker's lane, to two
-    /// nodes, and the worker reads both answers itself, with no hand-off to the runtime's
-    /// tasks. `None`: not such a flush (or the lane cannot take it), nothing done.
-    async fn flush_on_lane(&mut self) -> Option<Result<()>> {
-        if !self.inflight.is_empty() || !self.lagging.is_empty() || self.extent.is_none() {
+    /// `flush` of a file whose only write not yet stored is the one in its buffer (a small
+    /// file's close): the size goes out beside that write instead of after it, so the close
+    /// waits one round trip, not two. A process that opens the file after the close sees size
+    /// and bytes either way (close-to-open); one that opens it during the close may find the
+    /// new size before the bytes. If the write fails for good, the size is taken back before
+    /// the flush answers (`InodeRetract`), unless another writer moved it since.
+    ///
+    /// On a FUSE worker, when the write has one replica and it is not on the inode's node, the
+    /// write and the size go out on the worker's lane, and the worker reads both answers
+    /// itself, with no hand-off to the runtime's tasks. `None`: not such a flush, nothing done.
+    async fn flush_beside(&mut self) -> Option<Result<()>> {
+        if !self.inflight.is_empty()
+            || !self.lagging.is_empty()
+            || self.extent.is_none()
+            || self.lost.first().is_some()
+        {
             return None;
         }
         let (start, buf) = self.pending.take()?;
@@ -407,42 +533,89 @@ impl File {
         let data = buf.freeze();
         let client = self.client.clone();
         let router = &client.router;
-        let Some(sent) = router
+        let before = self.base;
+        let size = self.reach();
+        let (published, stored) = match router
             .send_write_on_lane(key, &op, &data, Key::Meta(self.ino))
             .await
-        else {
-            // Not sent: the buffer is back as it was (unshared, so not copied).
-            let buf = data
-                .try_into_mut()
-                .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
-            self.pending = Some((start, buf));
-            return None;
+        {
+            Some(sent) => {
+                let published = self.publish().await;
+                let stored = router.finish_lane_write(sent, key, &op, &data).await;
+                if stored.is_ok() {
+                    router.pool().recycle(data);
+                }
+                (published, stored)
+            }
+            None => {
+                // Not sent: the buffer is back as it was (unshared, so not copied), and goes
+                // out on the runtime's connections.
+                let buf = data
+                    .try_into_mut()
+                    .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
+                self.pending = Some((start, buf));
+                if self.send_pending().await.is_err() {
+                    // Not even queued: lost, and left to `flush`.
+                    return None;
+                }
+                let published = self.publish().await;
+                (published, self.drain().await)
+            }
         };
-        let published = self.publish().await;
-        let stored = router.finish_lane_write(sent, key, &op, &data).await;
-        if stored.is_ok() {
-            router.pool().recycle(data);
+        if stored.is_err() {
+            // What this handle wrote before the write is stored.
+            let to = start.max(before);
+            if published.is_ok() && size == Some(self.size) && to < self.size {
+                if let Err(e) = self.retract(self.size, to).await {
+                    warn!(
+                        ino = self.ino,
+                        "taking back the size of a failed write: {e}"
+                    );
+                }
+            }
+            // Reported by this flush.
+            self.lost = Lost::default();
         }
-        let failed = self.failed.take().map_or(Ok(()), Err);
-        Some(stored.and(failed).and(published))
+        Some(self.unreported().and(stored).and(published))
     }
 
-    /// Publishes the extent written since the last publish, and the modification time. Also
-    /// after a failed write: some of its stripes may be stored, and the servers take a file of
-    /// size 0 to have none (its data would never be dropped).
+    /// Publishes the extent written since the last publish, up to the first byte not stored,
+    /// and the modification time. A write lost since is reported here (again): what was
+    /// written from its first byte on is not in the size. Kept for the next flush if the
+    /// publish itself fails.
     async fn publish(&mut self) -> Result<()> {
-        let Some(size) = self.extent.take() else {
+        let Some(size) = self.reach() else {
             return Ok(());
         };
-        let mtime = self.mtime.take().unwrap_or_else(Timespec::now);
+        let mtime = self.mtime.unwrap_or_else(Timespec::now);
         let op = Op::InodeExtend {
             ino: self.ino,
             size,
             mtime,
         };
+        self.apply_size(op).await?;
+        self.extent = None;
+        self.mtime = None;
+        std::mem::take(&mut self.lost).why.map_or(Ok(()), Err)
+    }
+
+    /// Sets the size back from `from`, which this handle's publish set, to `to`, unless
+    /// another writer moved it meanwhile.
+    async fn retract(&mut self, from: u64, to: u64) -> Result<()> {
+        let op = Op::InodeRetract {
+            ino: self.ino,
+            from,
+            to,
+        };
+        self.apply_size(op).await
+    }
+
+    /// Sends a change of the file's size and takes the size from the answer.
+    async fn apply_size(&mut self, op: Op) -> Result<()> {
         match self.client.meta(self.ino, op).await? {
             Response::Inode(i) => {
                 self.size = i.size;
+                self.base = i.size;
                 self.changed = Some(i);
                 Ok(())
             }
@@ -673,6 +846,7 @@ impl File {
         self.ahead.stripes.clear();
         // What was written past the new size must not be published again.
         self.extent = None;
+        self.lost = Lost::default();
         let attr = SetAttr {
             size: Some(size),
             mtime: Some(Timespec::now()),
@@ -681,6 +855,7 @@ impl File {
         };
         let i = self.client.setattr(self.ino, attr).await?;
         self.size = i.size;
+        self.base = i.size;
         self.changed = Some(i);
         Ok(())
     }
@@ -694,7 +869,7 @@ impl File {
     /// Fresh attributes from the cluster, with this handle's unpublished size.
     pub async fn metadata(&self) -> Result<Inode> {
         let mut inode = self.client.getattr(self.ino).await?;
-        inode.size = inode.size.max(self.extent.unwrap_or(0));
+        inode.size = inode.size.max(self.reach().unwrap_or(0));
         Ok(inode)
     }
 
@@ -746,7 +921,9 @@ impl Drop for File {
             writable: true,
             append: false,
             size: self.size,
+            base: self.base,
             extent: self.extent.take(),
+            lost: std::mem::take(&mut self.lost),
             mtime: self.mtime.take(),
             pending: self.pending.take(),
             ack: self.ack,

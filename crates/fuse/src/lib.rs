@@ -427,8 +427,7 @@ impl TesseraFs {
         if h.unpublished.load(Ordering::Relaxed) == 0 {
             if let Ok(mut f) = h.file.try_lock() {
                 let r = self.0.here(f.flush());
-                self.0.settle(&mut f);
-                return Fs::empty(reply, r);
+                return self.0.flushed(&h, f, r, reply);
             }
         }
         self.serve(move |fs| async move { fs.flush_handle(fh, reply).await });
@@ -875,9 +874,42 @@ impl Fs {
         };
         let mut f = h.file.lock().await;
         let r = f.flush().await;
+        self.flushed(&h, f, r, reply);
+    }
+
+    /// Answers a flush of `h` that ended with `r`. A flush that failed may have left the size
+    /// short of what the kernel was told by the writes' answers (a write lost): it asks for
+    /// the attributes again (told before close(2) returns), and the pages it holds from the
+    /// size on are dropped once the answer is out (a write may hold them locked until then).
+    fn flushed(
+        &self,
+        h: &OpenFile,
+        mut f: tokio::sync::MutexGuard<'_, File>,
+        r: Result<(), Error>,
+        reply: ReplyEmpty,
+    ) {
         self.settle(&mut f);
         h.unpublished.store(0, Ordering::Relaxed);
+        let size = f.len();
+        drop(f);
+        let failed = r.is_err();
+        if failed {
+            self.size_fell(h.ino, None);
+        }
         Self::empty(reply, r);
+        if failed {
+            self.size_fell(h.ino, i64::try_from(size).ok());
+        }
+    }
+
+    /// The size of `ino` may have fallen below what the kernel holds: it asks for the
+    /// attributes again, and drops its pages from `pages_from` on, if given.
+    fn size_fell(&self, ino: u64, pages_from: Option<i64>) {
+        if let Some(n) = self.notifier.get() {
+            if let Err(e) = n.inval_inode(INodeNo(ino), pages_from.unwrap_or(-1), 0) {
+                tracing::debug!(ino, "dropping what the kernel holds past a lost write: {e}");
+            }
+        }
     }
 
     /// A read through one handle sees what the others on this mount wrote: their writes may
@@ -1460,15 +1492,18 @@ impl Filesystem for TesseraFs {
                     return Err(e);
                 }
             }
-            let n = f.write_at(offset, data).await.map_err(|e| errno(&e))?;
+            let written = f.write_at(offset, data).await;
+            if !h.sync {
+                // Also after a failure: a write lost cuts the size back.
+                h.unpublished.store(f.len(), Ordering::Relaxed);
+            }
+            let n = written.map_err(|e| errno(&e))?;
             self.0.files().wrote(h.ino, offset + n as u64);
             self.0.bytes_changed(h.ino, fh);
             if h.sync {
                 let r = f.flush().await;
                 self.0.settle(&mut f);
                 r.map_err(|e| errno(&e))?;
-            } else {
-                h.unpublished.store(f.len(), Ordering::Relaxed);
             }
             Ok::<_, Errno>(n)
         });
@@ -1492,7 +1527,12 @@ impl Filesystem for TesseraFs {
                     self.0.drop_behind(&h, fh, offset, n as u64);
                 }
             }
-            Err(e) => reply.error(e),
+            Err(e) => {
+                // The size the kernel took from earlier answers may include a write lost
+                // since. Attributes only: the kernel holds this write's pages locked.
+                self.0.size_fell(h.ino, None);
+                reply.error(e);
+            }
         }
     }
 

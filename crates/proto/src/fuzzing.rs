@@ -201,9 +201,7 @@ mod tests {
                 after: Some(b"a".to_vec()),
                 limit: 10,
             },
-            Op::DropFiles {
-                files: vec![(1, 2), (3, 4)],
-            },
+            Op::DropFiles { files: vec![1, 3] },
             Op::SyncPull {
                 partition: 2,
                 node: 1,

@@ -40,7 +40,8 @@ pub use rpc::{
 /// `Attach`, `Subscribed`; 6: `Notice::Listing`; 7: `DirRename` in one step, `Renamed`; 8:
 /// deleted files' stripes dropped by servers, `DropFiles`; 9: completeness recalled before
 /// another's change, `Relinquish`; 10: only directories have hashed numbers, only files and
-/// the like placed ones, and servers refuse requests that would break the namespace).
-pub const PROTOCOL_VERSION: u16 = 10;
+/// the like placed ones, and servers refuse requests that would break the namespace; 11:
+/// `InodeRetract`, `DropFiles` without sizes, `RenameLock`).
+pub const PROTOCOL_VERSION: u16 = 11;
 /// First bytes of every connection.
 pub const MAGIC: [u8; 4] = *b"TSRA";

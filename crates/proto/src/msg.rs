@@ -197,9 +197,9 @@ pub enum Op {
     },
     /// Node-wide: cut every stripe of `file` held here to end at byte `size` of the file.
     TruncateStripes { file: Ino, size: u64 },
-    /// Node-wide, from the server that deleted these files' inodes: delete their stripes held
-    /// here (each file with its size at deletion: its stripes lie below it). Reply: `Ok`.
-    DropFiles { files: Vec<(Ino, u64)> },
+    /// Node-wide, from the server that deleted these files' inodes: delete every stripe of
+    /// them held here, whatever their sizes were. Reply: `Ok`.
+    DropFiles { files: Vec<Ino> },
     /// Create an inode; `Exists` if the number is taken. Reply: `Ok`.
     InodeCreate { inode: Inode },
     /// Reply: `Inode`.
@@ -212,6 +212,9 @@ pub enum Op {
         size: u64,
         mtime: Timespec,
     },
+    /// Undo a writer's extend whose last bytes were not stored: if the size is still `from`
+    /// (nobody extended the file since), it becomes `to`. Reply: `Inode`.
+    InodeRetract { ino: Ino, from: u64, to: u64 },
     /// Add `delta` to the link count. When links and open handles both reach zero the server
     /// deletes the inode and drops its stripes in the background. Reply: `Links`.
     InodeLink {
@@ -331,6 +334,7 @@ impl Op {
             Op::InodeGet { ino }
             | Op::InodeSetAttr { ino, .. }
             | Op::InodeExtend { ino, .. }
+            | Op::InodeRetract { ino, .. }
             | Op::InodeLink { ino, .. }
             | Op::InodeOpen { ino }
             | Op::InodeClose { ino } => Some(meta_partition(*ino, p)),

@@ -896,7 +896,7 @@ mod tests {
                     ..
                 } => {
                     if let Some(w) = conn.watcher() {
-                        for (ino, _) in files {
+                        for ino in files {
                             w.notify(Notice::Attr { ino });
                         }
                     }
@@ -981,9 +981,7 @@ mod tests {
         let mut conn = lane(addr, &cfg, Some(watcher)).await.unwrap();
         let drop_file = Request::Op {
             epoch: 1,
-            op: Op::DropFiles {
-                files: vec![(7, 1)],
-            },
+            op: Op::DropFiles { files: vec![7] },
         };
         let (conn, answer) = tokio::task::spawn_blocking(move || {
             let answer = conn.call(&drop_file, b"xyz");

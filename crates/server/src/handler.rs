@@ -112,6 +112,7 @@ fn is_meta_change(op: &Op) -> bool {
         Op::InodeCreate { .. }
             | Op::InodeSetAttr { .. }
             | Op::InodeExtend { .. }
+            | Op::InodeRetract { .. }
             | Op::InodeLink { .. }
             | Op::InodeOpen { .. }
             | Op::InodeClose { .. }
@@ -660,9 +661,9 @@ impl NodeHandler {
         let s = &self.store;
         // A deleted file's stripes are dropped in the background by every copy of its inode's
         // partition: the drop outlives the server that answered.
-        let links = |ino: Ino, (nlink, data): Links| {
-            if let Some(size) = data {
-                self.purge.push(ino, size);
+        let links = |ino: Ino, (nlink, deleted): Links| {
+            if deleted {
+                self.purge.push(ino);
             }
             nlink
         };
@@ -680,14 +681,13 @@ impl NodeHandler {
             } => s
                 .read(p, file, stripe, offset, len)
                 .map(|b| (Response::Ok, b)),
-            Op::TruncateStripes { file, size } => {
-                s.truncate(held.iter().copied(), file, size).map(|()| ok())
-            }
+            Op::TruncateStripes { file, size } => s.truncate(held, file, size).map(|()| ok()),
             Op::DropFiles { files } => s.drop_files(held, &files).map(|()| ok()),
             Op::InodeCreate { inode } => s.inode_create(p, inode).map(|()| ok()),
             Op::InodeGet { ino } => s.inode_get(p, ino).map(inode),
             Op::InodeSetAttr { ino, attr } => s.inode_setattr(p, ino, &attr).map(inode),
             Op::InodeExtend { ino, size, mtime } => s.inode_extend(p, ino, size, mtime).map(inode),
+            Op::InodeRetract { ino, from, to } => s.inode_retract(p, ino, from, to).map(inode),
             Op::InodeLink { ino, delta, ctime } => s
                 .inode_link(p, ino, delta, ctime)
                 .map(|l| answer_links(links(ino, l))),

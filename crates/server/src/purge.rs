@@ -2,7 +2,9 @@
 //! purge queue and Lustre's object destroys do): the unlink, rename or close that removed the
 //! last link or handle is answered as soon as the inode is gone, and the file's stripes, spread
 //! over every server, are dropped in the background, in batches. The space comes back a moment
-//! after the answer (docs/SEMANTICS.md).
+//! after the answer (docs/SEMANTICS.md). Each node finds a file's stripes by the file
+//! (`Store::drop_files`), not by its size: stripes a failed or unpublished write stored past
+//! the size go too.
 //!
 //! Every copy of the inode's partition queues the file (the mirrors apply the same change): the
 //! drop survives the death of the server that answered, at the cost of one more drop request
@@ -16,8 +18,9 @@
 //! drop is still waiting for a node.
 
 use crate::handler::NodeHandler;
+use crate::store::lock;
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tessera_placement::{Ino, NodeId};
 use tessera_proto::{ErrorCode, Op, Request, Response, TableInfo};
@@ -42,12 +45,11 @@ const REDO_MAX: usize = 1 << 16;
 #[derive(Clone, Copy)]
 struct Deleted {
     file: Ino,
-    size: u64,
     at: Instant,
 }
 
-/// Deleted files, with their sizes, whose stripes are still to be dropped (unbounded: drained
-/// as fast as the servers answer), and those dropped lately.
+/// Deleted files whose stripes are still to be dropped (unbounded: drained as fast as the
+/// servers answer), and those dropped lately.
 #[derive(Default)]
 pub struct Queue {
     files: Mutex<Vec<Deleted>>,
@@ -57,14 +59,10 @@ pub struct Queue {
     sending: tokio::sync::Mutex<()>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl Queue {
-    pub fn push(&self, file: Ino, size: u64) {
+    pub fn push(&self, file: Ino) {
         let at = Instant::now();
-        lock(&self.files).push(Deleted { file, size, at });
+        lock(&self.files).push(Deleted { file, at });
         self.wake.notify_one();
     }
 
@@ -93,14 +91,14 @@ impl Queue {
     /// The next batch to drop, remembered as recent from now: a table installed while it is
     /// on its way (waiting out a dead node can take seconds) drops it once more. Remembered
     /// only once answered, it missed that table, and a copy made meanwhile kept its stripes.
-    fn take(&self) -> Vec<(Ino, u64)> {
+    fn take(&self) -> Vec<Ino> {
         let batch = {
             let mut files = lock(&self.files);
             let first = files.len().min(BATCH);
             let rest = files.split_off(first);
             std::mem::replace(&mut *files, rest)
         };
-        let out = batch.iter().map(|d| (d.file, d.size)).collect();
+        let out = batch.iter().map(|d| d.file).collect();
         let mut recent = lock(&self.recent);
         recent.extend(batch);
         Self::trim(&mut recent);
@@ -145,7 +143,7 @@ async fn send_queued(h: &NodeHandler) {
 /// Drops `files` on node `n`: done when it answered, or left the table. A partition fenced
 /// for the last round of a copy refuses for a moment (`NotReady`): tried again, as a node not
 /// reachable yet.
-async fn drop_at(h: &NodeHandler, n: NodeId, files: &[(Ino, u64)]) {
+async fn drop_at(h: &NodeHandler, n: NodeId, files: &[Ino]) {
     let deadline = Instant::now() + PATIENCE;
     loop {
         let Some(t) = h.table() else { return };
@@ -179,12 +177,7 @@ async fn drop_at(h: &NodeHandler, n: NodeId, files: &[(Ino, u64)]) {
 }
 
 /// Sends `files` to node `n` to drop; its error, or `NotReady` if it did not answer.
-async fn ask(
-    h: &NodeHandler,
-    info: &TableInfo,
-    n: NodeId,
-    files: &[(Ino, u64)],
-) -> Result<(), ErrorCode> {
+async fn ask(h: &NodeHandler, info: &TableInfo, n: NodeId, files: &[Ino]) -> Result<(), ErrorCode> {
     let req = Request::Op {
         epoch: info.table.epoch(),
         op: Op::DropFiles {
@@ -208,27 +201,27 @@ mod tests {
     #[test]
     fn a_batch_on_its_way_is_dropped_again_after_a_new_table() {
         let q = Queue::default();
-        q.push(7, 100);
-        q.push(8, 0);
-        assert_eq!(q.take(), vec![(7, 100), (8, 0)]);
+        q.push(7);
+        q.push(8);
+        assert_eq!(q.take(), vec![7, 8]);
         assert!(q.take().is_empty());
         // A table installed before any node answered: the batch may have missed a copy.
         q.table_changed();
-        assert_eq!(q.take(), vec![(7, 100), (8, 0)]);
+        assert_eq!(q.take(), vec![7, 8]);
         // Remembered still: every later table drops it again, within REDO_WITHIN.
         q.table_changed();
-        assert_eq!(q.take(), vec![(7, 100), (8, 0)]);
+        assert_eq!(q.take(), vec![7, 8]);
     }
 
     #[test]
     fn batches_hold_at_most_batch_files_in_deletion_order() {
         let q = Queue::default();
         for f in 0..(BATCH as u64 + 3) {
-            q.push(f, 1);
+            q.push(f);
         }
         let first = q.take();
         assert_eq!(first.len(), BATCH);
-        assert_eq!(first[0], (0, 1));
-        assert_eq!(q.take(), vec![(1024, 1), (1025, 1), (1026, 1)]);
+        assert_eq!(first[0], 0);
+        assert_eq!(q.take(), vec![1024, 1025, 1026]);
     }
 }

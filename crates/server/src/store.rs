@@ -2,10 +2,10 @@
 //! Pure (no I/O): every operation is a short critical section on one partition.
 
 use bytes::Bytes;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use tessera_placement::{meta_partition, stripe_partition, Ino, PartitionId};
+use tessera_placement::{meta_partition, Ino, PartitionId};
 use tessera_proto::{
     check_name, BufferPool, DirEntry, ErrorCode, FileKind, Inode, Listed, Name, SetAttr, SyncItem,
     Timespec, DIR_PAGE_INODE_BYTES, DIR_PAGE_MAX,
@@ -169,15 +169,20 @@ pub struct Store {
     used: AtomicU64,
     stripes: AtomicU64,
     inodes: AtomicU64,
+    /// Which partitions here hold stripes of which file, by file: truncating or dropping a
+    /// file visits just those, and finds every stripe it ever wrote, also past its size (a
+    /// write that failed, a handle that never published). Locked after a partition, never
+    /// before one.
+    placed: Mutex<BTreeSet<(Ino, PartitionId)>>,
     pool: std::sync::Arc<BufferPool>,
     pub counters: Counters,
 }
 
 type R<T> = Result<T, ErrorCode>;
 
-/// What dropping a link or closing a handle did to an inode: the links left, and the file's
-/// size if it was deleted with stripes to drop ([`Store::drop_files`]).
-pub type Links = (u32, Option<u64>);
+/// What dropping a link or closing a handle did to an inode: the links left, and whether it was
+/// a file deleted, whose stripes are to be dropped ([`Store::drop_files`]).
+pub type Links = (u32, bool);
 
 /// What an unlink removed: the entry, the links verdict if the inode was in the same
 /// partition, and the directory after.
@@ -196,6 +201,11 @@ pub struct Renamed {
     pub links: Option<Links>,
     /// The directory after.
     pub dir: Inode,
+}
+
+/// A mutex's guard; a panic elsewhere while it was held leaves nothing half-done here.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn entry_cost(name: &[u8]) -> u64 {
@@ -217,6 +227,7 @@ impl Store {
             used: AtomicU64::new(0),
             stripes: AtomicU64::new(0),
             inodes: AtomicU64::new(0),
+            placed: Mutex::default(),
             pool,
             counters: Counters::default(),
         }
@@ -240,7 +251,7 @@ impl Store {
             .partitions
             .get(p as usize)
             .ok_or_else(|| ErrorCode::Invalid(format!("no partition {p}")))?;
-        Ok(m.lock().unwrap_or_else(PoisonError::into_inner))
+        Ok(lock(m))
     }
 
     /// The partition, for a change: refused while the partition is fenced for a sync.
@@ -281,6 +292,7 @@ impl Store {
     pub fn clear(&self, p: PartitionId) -> R<()> {
         let mut part = self.part(p)?;
         let gone = std::mem::take(&mut *part);
+        self.unplace(p, gone.stripes.keys().copied());
         drop(part);
         let mut freed = 0;
         for (_, stripes) in gone.stripes {
@@ -327,12 +339,11 @@ impl Store {
                     // Copied out of the page, so the page's buffer is not pinned by one stripe.
                     let mut buf = self.pool.get(len as usize);
                     buf.extend_from_slice(&bytes);
-                    if let Some(old) = part
-                        .stripes
-                        .entry(file)
-                        .or_default()
-                        .insert(index, buf.freeze())
-                    {
+                    let stripes = part.stripes.entry(file).or_insert_with(|| {
+                        self.place(p, file);
+                        BTreeMap::new()
+                    });
+                    if let Some(old) = stripes.insert(index, buf.freeze()) {
                         self.pool.recycle(old);
                     } else {
                         self.stripes.fetch_add(1, Ordering::Relaxed);
@@ -347,6 +358,7 @@ impl Store {
                         }
                         if stripes.is_empty() {
                             part.stripes.remove(&file);
+                            self.unplace(p, [file]);
                         }
                     }
                 }
@@ -462,9 +474,13 @@ impl Store {
                 buf.freeze()
             }
         };
-        part.stripes.entry(file).or_default().insert(stripe, stored);
+        let file_stripes = part.stripes.entry(file).or_default();
+        file_stripes.insert(stripe, stored);
         if !existed {
             self.stripes.fetch_add(1, Ordering::Relaxed);
+            if file_stripes.len() == 1 {
+                self.place(p, file);
+            }
         }
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
         self.counters
@@ -491,64 +507,75 @@ impl Store {
         Ok(data)
     }
 
-    /// Cuts `file`'s stripes in the given partitions to end at byte `size` of the file.
-    pub fn truncate(
-        &self,
-        parts: impl Iterator<Item = PartitionId>,
-        file: Ino,
-        size: u64,
-    ) -> R<()> {
+    /// Notes that partition `p` here holds stripes of `file` (under `p`'s lock).
+    fn place(&self, p: PartitionId, file: Ino) {
+        lock(&self.placed).insert((file, p));
+    }
+
+    /// Notes that partition `p` here holds no more stripes of `files` (under `p`'s lock).
+    fn unplace(&self, p: PartitionId, files: impl IntoIterator<Item = Ino>) {
+        let mut placed = lock(&self.placed);
+        for file in files {
+            placed.remove(&(file, p));
+        }
+    }
+
+    /// The partitions of `held` (sorted) that hold stripes of `file` here.
+    fn placed_in(&self, held: &[PartitionId], file: Ino) -> Vec<PartitionId> {
+        lock(&self.placed)
+            .range((file, 0)..=(file, PartitionId::MAX))
+            .map(|&(_, p)| p)
+            .filter(|p| held.binary_search(p).is_ok())
+            .collect()
+    }
+
+    /// Cuts `file`'s stripes in partition `p` to end at byte `size` of the file.
+    fn cut(&self, p: PartitionId, file: Ino, size: u64) -> R<()> {
         let ss = u64::from(self.stripe_size);
-        for p in parts {
-            let mut part = self.part_mut(p)?;
-            let Some(stripes) = part.stripes.get_mut(&file) else {
-                continue;
-            };
-            let first_gone = size.div_ceil(ss);
-            for (_, b) in stripes.split_off(&first_gone) {
-                self.refund(b.len() as u64);
-                self.stripes.fetch_sub(1, Ordering::Relaxed);
-                self.pool.recycle(b);
-            }
-            if !size.is_multiple_of(ss) {
-                if let Some(b) = stripes.get_mut(&(size / ss)) {
-                    let keep = (size % ss) as usize;
-                    if b.len() > keep {
-                        self.refund((b.len() - keep) as u64);
-                        b.truncate(keep);
-                    }
+        let mut part = self.part_mut(p)?;
+        let Some(stripes) = part.stripes.get_mut(&file) else {
+            return Ok(());
+        };
+        let first_gone = size.div_ceil(ss);
+        for (_, b) in stripes.split_off(&first_gone) {
+            self.refund(b.len() as u64);
+            self.stripes.fetch_sub(1, Ordering::Relaxed);
+            self.pool.recycle(b);
+        }
+        if !size.is_multiple_of(ss) {
+            if let Some(b) = stripes.get_mut(&(size / ss)) {
+                let keep = (size % ss) as usize;
+                if b.len() > keep {
+                    self.refund((b.len() - keep) as u64);
+                    b.truncate(keep);
                 }
             }
-            if stripes.is_empty() {
-                part.stripes.remove(&file);
-            }
+        }
+        if stripes.is_empty() {
+            part.stripes.remove(&file);
+            self.unplace(p, [file]);
         }
         Ok(())
     }
 
-    /// Deletes the stripes of deleted files, each of the given size, in the partitions of
-    /// `held` (sorted) their stripes hash to. A partition that refuses (fenced) does not stop
-    /// the others; the first refusal is returned, for the caller to try again (drops are
+    /// Cuts every stripe of `file` held here, in the partitions of `held` (sorted), to end at
+    /// byte `size` of the file: also those past the size it had.
+    pub fn truncate(&self, held: &[PartitionId], file: Ino, size: u64) -> R<()> {
+        for p in self.placed_in(held, file) {
+            self.cut(p, file, size)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes every stripe of the deleted `files` held here, in the partitions of `held`
+    /// (sorted), whatever the files' sizes were. A partition that refuses (fenced) does not
+    /// stop the others; the first refusal is returned, for the caller to try again (drops are
     /// idempotent).
-    pub fn drop_files(&self, held: &[PartitionId], files: &[(Ino, u64)]) -> R<()> {
-        let n = self.partitions.len() as u32;
+    pub fn drop_files(&self, held: &[PartitionId], files: &[Ino]) -> R<()> {
         let mut refused = Ok(());
-        for &(file, size) in files {
-            let stripes = size.div_ceil(u64::from(self.stripe_size));
-            // A file with a stripe for every partition is not worth hashing stripe by stripe.
-            let parts: Vec<PartitionId> = if stripes >= u64::from(n) {
-                held.to_vec()
-            } else {
-                let mut parts: Vec<PartitionId> = (0..stripes)
-                    .map(|s| stripe_partition(file, s, n))
-                    .filter(|p| held.binary_search(p).is_ok())
-                    .collect();
-                parts.sort_unstable();
-                parts.dedup();
-                parts
-            };
-            for p in parts {
-                if let Err(e) = self.truncate(std::iter::once(p), file, 0) {
+        for &file in files {
+            for p in self.placed_in(held, file) {
+                if let Err(e) = self.cut(p, file, 0) {
                     refused = refused.and(Err(e));
                 }
             }
@@ -642,21 +669,32 @@ impl Store {
         }
     }
 
-    /// Removes the inode if it has neither links nor open handles nor a name here. Its stripes
-    /// are to be dropped only if it was removed with a non-zero size: every handle flushed
-    /// before its last close, and truncate drops stripes itself, so a file has none past its
-    /// size.
+    /// Takes a writer's extent back to `to` if the size is still `from`: nobody extended the
+    /// file since. A size left as it was counts as no change.
+    pub fn inode_retract(&self, p: PartitionId, ino: Ino, from: u64, to: u64) -> R<Inode> {
+        self.with_inode(p, ino, |i| {
+            Self::resizable(i)?;
+            if i.size == from && to < from {
+                i.size = to;
+                i.change += 1;
+            }
+            Ok(i.clone())
+        })?
+    }
+
+    /// Removes the inode if it has neither links nor open handles nor a name here. A file's
+    /// stripes are then to be dropped whatever its size: a write that failed, or was never
+    /// published, may have stored stripes past it.
     fn reap(&self, part: &mut Partition, ino: Ino) -> Links {
         match part.inodes.get(&ino) {
             Some(i) if i.nlink == 0 && i.open_count == 0 && !part.entries.names(ino) => {
                 let i = part.inodes.remove(&ino).expect("present");
                 self.refund(INODE_COST + i.target.len() as u64);
                 self.inodes.fetch_sub(1, Ordering::Relaxed);
-                let data = i.size > 0 && i.kind == FileKind::File;
-                (0, data.then_some(i.size))
+                (0, i.kind == FileKind::File)
             }
-            Some(i) => (i.nlink, None),
-            None => (0, None),
+            Some(i) => (i.nlink, false),
+            None => (0, false),
         }
     }
 
@@ -1003,6 +1041,20 @@ mod tests {
         Store::new(4, SS, capacity, Arc::new(BufferPool::new(SS as usize, 8)))
     }
 
+    impl Store {
+        /// Does the index of files' partitions name exactly the partitions holding stripes?
+        fn placed_matches(&self) -> bool {
+            let mut actual = BTreeSet::new();
+            for (p, m) in self.partitions.iter().enumerate() {
+                for (&file, stripes) in &lock(m).stripes {
+                    assert!(!stripes.is_empty(), "no empty stripe maps are kept");
+                    actual.insert((file, p as PartitionId));
+                }
+            }
+            *lock(&self.placed) == actual
+        }
+    }
+
     fn inode(ino: Ino, kind: FileKind) -> Inode {
         Inode {
             ino,
@@ -1077,7 +1129,7 @@ mod tests {
                 let _ = s.inode_extend(0, 100 + k % 5, k, t(k as i64));
             }
             StripeOp::Truncate(size) => {
-                let _ = s.truncate(std::iter::once(0), 9 + k % 2, *size);
+                let _ = s.truncate(&[0], 9 + k % 2, *size);
                 let _ = s.inode_link(0, 100 + k % 5, -1, t(1));
                 let _ = s.dir_insert(
                     0,
@@ -1189,8 +1241,10 @@ mod tests {
             }
             prop_assert_eq!(src.used(), dst.used());
             prop_assert_eq!((src.stripe_count(), src.inode_count()), (dst.stripe_count(), dst.inode_count()));
+            prop_assert!(src.placed_matches() && dst.placed_matches());
             dst.clear(0).unwrap();
             prop_assert_eq!((dst.used(), dst.stripe_count(), dst.inode_count()), (0, 0, 0));
+            prop_assert!(dst.placed_matches());
         }
 
         /// Stripe writes, truncates and reads agree with a plain byte-vector model, and the
@@ -1209,7 +1263,7 @@ mod tests {
                         s.write(0, 9, stripe, offset, Bytes::from(data)).unwrap();
                     }
                     StripeOp::Truncate(size) => {
-                        s.truncate(std::iter::once(0), 9, size).unwrap();
+                        s.truncate(&[0], 9, size).unwrap();
                         for (i, m) in model.iter_mut().enumerate() {
                             let start = i as u64 * u64::from(SS);
                             m.truncate(size.saturating_sub(start).min(u64::from(SS)) as usize);
@@ -1224,6 +1278,7 @@ mod tests {
                 }
                 let stored: usize = model.iter().map(Vec::len).sum();
                 prop_assert_eq!(s.used(), stored as u64);
+                prop_assert!(s.placed_matches());
             }
         }
     }
@@ -1240,53 +1295,60 @@ mod tests {
             "stored without a copy"
         );
         assert_eq!(s.stripe_count(), 1);
-        s.truncate(0..4, 5, 0).unwrap();
+        s.truncate(&[0, 1, 2, 3], 5, 0).unwrap();
         assert_eq!((s.stripe_count(), s.used()), (0, 0));
     }
 
     #[test]
-    fn a_deleted_file_is_dropped_where_its_stripes_hash_below_its_size() {
+    fn a_deleted_file_is_dropped_wherever_its_stripes_are_whatever_its_size() {
         let s = store(1 << 20);
-        let put = |file: Ino, stripe: u64| {
-            let p = stripe_partition(file, stripe, 4);
+        let held: Vec<PartitionId> = (0..4).collect();
+        let put = |p: PartitionId, file: Ino, stripe: u64| {
             s.write(p, file, stripe, 0, Bytes::from_static(b"x"))
                 .unwrap();
         };
-        for stripe in 0..3 {
-            put(5, stripe);
+        // Far past any size the files were given.
+        for (p, stripe) in [(0, 0), (1, 1), (3, 900), (3, 901)] {
+            put(p, 5, stripe);
         }
-        put(6, 0);
-        // Two and a half stripes of file 5, on the partitions held here.
-        let held: Vec<PartitionId> = (0..4).collect();
-        s.drop_files(&held, &[(5, 2 * u64::from(SS) + 1)]).unwrap();
+        put(2, 6, 0);
+        s.drop_files(&held, &[5]).unwrap();
         assert_eq!(s.stripe_count(), 1, "file 6 keeps its stripe");
-        // Stripes past the size are not looked for; a file of as many stripes as there are
-        // partitions is looked for everywhere.
-        put(5, 9);
-        s.drop_files(&held, &[(5, u64::from(SS))]).unwrap();
-        assert_eq!(s.stripe_count(), 2);
-        s.drop_files(&held, &[(5, 4 * u64::from(SS)), (6, 1)])
-            .unwrap();
+        s.drop_files(&held, &[5, 6, 7]).unwrap();
         assert_eq!((s.stripe_count(), s.used()), (0, 0));
         // Partitions not held are left alone.
-        put(7, 0);
-        let p = stripe_partition(7, 0, 4);
-        let others: Vec<PartitionId> = (0..4).filter(|&q| q != p).collect();
-        s.drop_files(&others, &[(7, 1)]).unwrap();
+        put(1, 7, 0);
+        s.drop_files(&[0, 2, 3], &[7]).unwrap();
         assert_eq!(s.stripe_count(), 1);
         // A partition fenced for a copy's last round refuses, without stopping the others;
         // the drop is tried again once the fence is lifted.
-        put(8, 0);
-        s.fence(p, true).unwrap();
+        put(2, 8, 0);
+        s.fence(1, true).unwrap();
         assert!(matches!(
-            s.drop_files(&held, &[(7, 1), (8, 1)]),
+            s.drop_files(&held, &[7, 8]),
             Err(ErrorCode::NotReady(_))
         ));
-        let q = stripe_partition(8, 0, 4);
-        assert_eq!(s.stripe_count(), if q == p { 2 } else { 1 });
-        s.fence(p, false).unwrap();
-        s.drop_files(&held, &[(7, 1), (8, 1)]).unwrap();
+        assert_eq!(s.stripe_count(), 1);
+        s.fence(1, false).unwrap();
+        s.drop_files(&held, &[7, 8]).unwrap();
         assert_eq!(s.stripe_count(), 0);
+        assert!(s.placed_matches());
+    }
+
+    #[test]
+    fn a_truncate_cuts_stripes_past_the_old_size_in_every_partition_held() {
+        let s = store(1 << 20);
+        for (p, stripe) in [(0, 0), (1, 1), (2, 2), (3, 700)] {
+            s.write(p, 5, stripe, 0, Bytes::from(vec![1u8; SS as usize]))
+                .unwrap();
+        }
+        s.truncate(&[0, 1, 2, 3], 5, u64::from(SS) + 10).unwrap();
+        assert_eq!(
+            (s.stripe_count(), s.used()),
+            (2, u64::from(SS) + 10),
+            "stripe 0 whole, 10 bytes of stripe 1"
+        );
+        assert!(s.placed_matches());
     }
 
     #[test]
@@ -1345,9 +1407,9 @@ mod tests {
             Err(ErrorCode::Exists)
         );
         assert_eq!(s.inode_open(0, 7).unwrap().open_count, 1);
-        assert_eq!(s.inode_link(0, 7, 1, t(1)), Ok((2, None)));
-        assert_eq!(s.inode_link(0, 7, -1, t(2)), Ok((1, None)));
-        assert_eq!(s.inode_link(0, 7, -1, t(3)), Ok((0, None)), "still open");
+        assert_eq!(s.inode_link(0, 7, 1, t(1)), Ok((2, false)));
+        assert_eq!(s.inode_link(0, 7, -1, t(2)), Ok((1, false)));
+        assert_eq!(s.inode_link(0, 7, -1, t(3)), Ok((0, false)), "still open");
         assert!(s.inode_get(0, 7).is_ok());
         let extended = s.inode_extend(0, 7, 1, t(4)).unwrap();
         assert_eq!(extended.size, 1);
@@ -1363,16 +1425,16 @@ mod tests {
         assert_eq!(s.inode_setattr(0, 7, &attr).unwrap().change, 5);
         assert_eq!(
             s.inode_close(0, 7),
-            Ok((0, Some(1))),
-            "last close reaps it; it has data to drop"
+            Ok((0, true)),
+            "last close reaps it; its stripes are to be dropped"
         );
         assert_eq!(s.inode_get(0, 7), Err(ErrorCode::NotFound));
         assert_eq!((s.inode_count(), s.used()), (0, 0));
         s.inode_create(0, inode(9, FileKind::File)).unwrap();
         assert_eq!(
             s.inode_link(0, 9, -1, t(4)),
-            Ok((0, None)),
-            "an empty file has no stripes to drop"
+            Ok((0, true)),
+            "whatever its size: a failed write may have stored stripes past it"
         );
         s.inode_create(0, inode(8, FileKind::File)).unwrap();
         assert_eq!(s.inode_extend(0, 8, 100, t(5)).unwrap().size, 100);
@@ -1380,6 +1442,13 @@ mod tests {
             s.inode_extend(0, 8, 50, t(6)).unwrap().size,
             100,
             "extend never shrinks"
+        );
+        let retracted = s.inode_retract(0, 8, 100, 40).unwrap();
+        assert_eq!(retracted.size, 40, "the extent taken back");
+        assert_eq!(
+            s.inode_retract(0, 8, 100, 10).unwrap(),
+            retracted,
+            "moved since: left alone"
         );
         let a = SetAttr {
             size: Some(10),
@@ -1426,7 +1495,7 @@ mod tests {
             moved: Some(entry(20, FileKind::File)),
             ctime_set: true,
             replaced: Some(entry(21, FileKind::File)),
-            links: Some((0, Some(5))),
+            links: Some((0, true)),
             dir: s.inode_get(0, 10).unwrap(),
         };
         assert_eq!(renamed, expected, "21 is gone and had data");
@@ -1530,12 +1599,12 @@ mod tests {
             ino,
             kind: FileKind::File,
         };
-        assert_eq!(unlink(&s, "a"), Ok((e(20), Some((0, Some(5))), t(3))));
+        assert_eq!(unlink(&s, "a"), Ok((e(20), Some((0, true)), t(3))));
         assert_eq!(s.inode_get(0, 20), Err(ErrorCode::NotFound), "reaped");
-        assert_eq!(unlink(&s, "b"), Ok((e(21), Some((1, None)), t(3))));
+        assert_eq!(unlink(&s, "b"), Ok((e(21), Some((1, false)), t(3))));
         assert_eq!(s.inode_get(0, 21).unwrap().nlink, 1);
         let kept = unlink(&s, "open");
-        assert_eq!(kept, Ok((e(22), Some((0, None)), t(3))), "open: kept");
+        assert_eq!(kept, Ok((e(22), Some((0, false)), t(3))), "open: kept");
         // A name whose inode lives elsewhere (a hard link): the caller drops the link.
         let far = DirEntry {
             ino: far(99),
@@ -1565,17 +1634,21 @@ mod tests {
         // moment; then a buggy client drops the one link and unlinks one name.
         s.dir_insert(0, 10, b"g".to_vec(), entry(20, FileKind::File), false, t(1))
             .unwrap();
-        assert_eq!(s.inode_link(0, 20, -1, t(2)), Ok((0, None)));
-        assert_eq!(s.inode_link(0, 20, -1, t(2)), Ok((0, None)), "no underflow");
+        assert_eq!(s.inode_link(0, 20, -1, t(2)), Ok((0, false)));
+        assert_eq!(
+            s.inode_link(0, 20, -1, t(2)),
+            Ok((0, false)),
+            "no underflow"
+        );
         let unlinked = s.dir_unlink(0, 10, b"f".to_vec(), t(3)).unwrap();
-        assert_eq!(unlinked.1, Some((0, None)));
+        assert_eq!(unlinked.1, Some((0, false)));
         assert_eq!(
             s.dir_lookup(0, 10, b"g").map(|(_, i)| i.is_some()),
             Ok(true),
             "the other name still leads to the inode"
         );
         let unlinked = s.dir_unlink(0, 10, b"g".to_vec(), t(4)).unwrap();
-        assert_eq!(unlinked.1, Some((0, None)), "its last name gone: deleted");
+        assert_eq!(unlinked.1, Some((0, true)), "its last name gone: deleted");
         assert_eq!(s.inode_get(0, 20), Err(ErrorCode::NotFound));
         // A rename over a name of an inode that has another name here keeps it.
         s.dir_create(0, 10, b"a".to_vec(), inode(21, FileKind::File), t(5))
@@ -1587,7 +1660,7 @@ mod tests {
         let renamed = s
             .dir_rename(0, 10, b"c".to_vec(), b"a".to_vec(), true, false, t(6))
             .unwrap();
-        assert_eq!(renamed.links, Some((0, None)));
+        assert_eq!(renamed.links, Some((0, false)));
         assert!(s.inode_get(0, 21).is_ok(), "still named b");
     }
 

@@ -59,7 +59,9 @@ pub fn check(op: &Op, p: PartitionId, partitions: u32) -> Result<(), ErrorCode> 
                 Some(_) => Ok(()),
             }
         }
-        Op::InodeExtend { ino, .. } if !placed(*ino) => Err(ErrorCode::IsDir),
+        Op::InodeExtend { ino, .. } | Op::InodeRetract { ino, .. } if !placed(*ino) => {
+            Err(ErrorCode::IsDir)
+        }
         _ => Ok(()),
     }
 }

@@ -150,7 +150,10 @@ pub fn broken(op: &Op, resp: &Response) -> Vec<Broken> {
     match (op, resp) {
         (_, Response::Error(_)) => vec![],
         (
-            Op::InodeSetAttr { ino, .. } | Op::InodeExtend { ino, .. } | Op::InodeLink { ino, .. },
+            Op::InodeSetAttr { ino, .. }
+            | Op::InodeExtend { ino, .. }
+            | Op::InodeRetract { ino, .. }
+            | Op::InodeLink { ino, .. },
             _,
         ) => vec![attr(*ino)],
         (Op::DirInsert { dir, name, .. }, Response::Replaced(old)) => match old {
@@ -211,10 +214,11 @@ pub fn recalls(op: &Op) -> Option<Ino> {
 
 /// Must the connection that made this change be told of it too? An extent published at a
 /// close may leave a size other than the writer's (N-to-1: the largest extent wins) and sets
-/// the time; every other change is one its kernel applied itself.
+/// the time, and one taken back leaves a size shorter than its kernel was told; every other
+/// change is one its kernel applied itself.
 #[must_use]
 pub fn origin_told(op: &Op) -> bool {
-    matches!(op, Op::InodeExtend { .. })
+    matches!(op, Op::InodeExtend { .. } | Op::InodeRetract { .. })
 }
 
 /// One partition's promises, locked: hold it across applying a request and keeping or

@@ -175,7 +175,8 @@ impl Session {
                     .map(|n| {
                         json!({"id": n.id, "addr": n.addr.to_string(), "alive": n.alive,
                                "partitions": n.partitions, "bytes_read": n.stats.bytes_read,
-                               "reads": n.stats.reads, "syncing": n.stats.syncing})
+                               "reads": n.stats.reads, "syncing": n.stats.syncing,
+                               "stripes": n.stats.stripes, "used": n.stats.used})
                     })
                     .collect();
                 json!({"epoch": st.epoch, "degraded": st.degraded, "lost": st.lost,
