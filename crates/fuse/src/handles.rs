@@ -132,6 +132,16 @@ impl<V> Handles<V> {
         }
     }
 
+    /// An append of `len` bytes at `at` failed: the end goes back unless another append
+    /// followed it (which then leaves a hole, as a failed write in the middle of a file does).
+    pub fn unappend(&mut self, ino: u64, at: u64, len: u64) {
+        if let Some(open) = self.by_ino.get_mut(&ino) {
+            if open.end == at.saturating_add(len) {
+                open.end = at;
+            }
+        }
+    }
+
     /// Where an append of `len` bytes to `ino` goes: its end, which moves past them, so the
     /// next append follows even before this one is written. `None` if `ino` has no handle.
     pub fn append(&mut self, ino: u64, len: u64) -> Option<u64> {
@@ -182,6 +192,10 @@ mod tests {
         h.insert(2, 7, "b", 40, false);
         assert_eq!(h.append(7, 10), Some(100));
         assert_eq!(h.append(7, 5), Some(110), "the next append follows at once");
+        h.unappend(7, 110, 5);
+        assert_eq!(h.append(7, 5), Some(110), "a failed append leaves no hole");
+        h.unappend(7, 100, 10);
+        assert_eq!(h.append(7, 0), Some(115), "unless another followed it");
         h.wrote(7, 300);
         assert_eq!(h.append(7, 1), Some(300), "past a write beyond the end");
         h.truncated(7, 0);

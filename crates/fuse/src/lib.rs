@@ -1478,10 +1478,10 @@ impl Filesystem for TesseraFs {
             return reply.error(e);
         }
         // Not a page of a mapping written back: those go where they belong.
-        let offset = match h.append && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
-            true => (self.0.files().append(h.ino, data.len() as u64)).unwrap_or(offset),
-            false => offset,
-        };
+        let appended = (h.append && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE))
+            .then(|| self.0.files().append(h.ino, data.len() as u64))
+            .flatten();
+        let offset = appended.unwrap_or(offset);
         let r = self.0.here(async {
             let mut f = h.file.lock().await;
             // A small output's bytes wait in the handle until its close, and need not wait
@@ -1518,6 +1518,9 @@ impl Filesystem for TesseraFs {
             if let Err(e) = notifier.inval_inode(INodeNo(h.ino), at, len) {
                 tracing::debug!(ino = h.ino, "page invalidation after a direct write: {e}");
             }
+        }
+        if let (Err(_), Some(at)) = (&r, appended) {
+            self.0.files().unappend(h.ino, at, data.len() as u64);
         }
         match r {
             Ok(n) => {
