@@ -2,6 +2,7 @@
 
 mod bench;
 mod config;
+mod copy;
 mod files;
 mod latency;
 mod mount;
@@ -83,7 +84,7 @@ enum Cmd {
     /// Nodes, partitions and memory at a glance.
     Status(status::StatusArgs),
     /// Copy files and trees in, out and within the cluster (cluster paths start with `tessera:`).
-    Cp(files::CpArgs),
+    Cp(copy::CpArgs),
     /// List directories.
     Ls(files::LsArgs),
     /// Show a file's attributes.
@@ -459,7 +460,7 @@ async fn run(cli: Cli) -> Result<()> {
                 config::endpoint(cli.manager.as_deref(), cli.secret.as_deref(), &cfg)?;
             status::run(manager, &secret, a, &cfg).await
         }
-        Cmd::Cp(a) => files::cp(&client(&cli, &cfg).await?, a).await,
+        Cmd::Cp(a) => copy::cp(&client(&cli, &cfg).await?, a).await,
         Cmd::Ls(a) => files::ls(&client(&cli, &cfg).await?, a).await,
         Cmd::Stat(a) => files::stat(&client(&cli, &cfg).await?, a).await,
         Cmd::Rm(a) => files::rm(&client(&cli, &cfg).await?, a).await,
