@@ -334,6 +334,20 @@ impl Cluster {
         })
     }
 
+    /// The cluster as its manager reports it (nodes with their addresses, the table's state).
+    pub async fn status(&self) -> Result<tessera_proto::ClusterStatus> {
+        use tessera_proto::{BufferPool, Request, Response, RpcClient, RpcConfig, Secret};
+        let cfg = RpcConfig::new(
+            Secret::new(&self.secret),
+            Arc::new(BufferPool::new(1 << 20, 4)),
+        );
+        let manager = RpcClient::connect(self.manager, &cfg).await?;
+        match manager.call(&Request::GetStatus, Bytes::new()).await?.0 {
+            Response::Status(status) => Ok(status),
+            other => bail!("the manager answered {other:?} to GetStatus"),
+        }
+    }
+
     /// Kills server `i` (SIGKILL, as a crash would).
     pub fn kill_server(&mut self, i: usize) -> Result<()> {
         self.servers[i].kill()?;

@@ -335,27 +335,12 @@ fn wrong_secret_is_refused() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_frames_close_only_their_connection() -> Result<()> {
-    use std::sync::Arc;
-    use tessera_proto::{
-        auth::client_handshake, frame, BufferPool, Request, Response, RpcClient, RpcConfig, Secret,
-    };
+    use tessera_proto::{auth::client_handshake, frame, Secret};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
 
     let cluster = tokio::task::spawn_blocking(|| Cluster::start(&ClusterSpec::default())).await??;
-    let cfg = RpcConfig::new(
-        Secret::new(&cluster.secret),
-        Arc::new(BufferPool::new(1 << 20, 4)),
-    );
-    let manager = RpcClient::connect(cluster.manager, &cfg).await?;
-    let Response::Status(status) = manager
-        .call(&Request::GetStatus, bytes::Bytes::new())
-        .await?
-        .0
-    else {
-        anyhow::bail!("no status");
-    };
-    let server = status.nodes[0].addr;
+    let server = cluster.status().await?.nodes[0].addr;
     let bad_frames: Vec<Vec<u8>> = vec![
         frame::encode_head(1, frame::FrameKind::Request, &[0xff; 5], 0)?, // undecodable header
         {

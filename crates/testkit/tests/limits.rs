@@ -2,14 +2,12 @@
 //! connections to every port, and half-sent frames from peers that know the secret. The
 //! cluster must keep serving its clients, close such connections, and give their memory back.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tessera_proto::{
-    auth::client_handshake, frame, BufferPool, Request, Response, RpcClient, RpcConfig, Secret,
-};
+use tessera_proto::{auth::client_handshake, frame, Secret};
 use tessera_testkit::{digest, free_port, held_memory, pattern, Cluster, ClusterSpec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -26,23 +24,6 @@ const CLUSTER_OPEN_FILES: u64 = 1024;
 
 async fn start(spec: ClusterSpec) -> Result<Cluster> {
     tokio::task::spawn_blocking(move || Cluster::start(&spec)).await?
-}
-
-/// The address of server `i` of `cluster`, as the manager knows it.
-async fn server_addr(cluster: &Cluster, i: usize) -> Result<SocketAddr> {
-    let cfg = RpcConfig::new(
-        Secret::new(&cluster.secret),
-        Arc::new(BufferPool::new(1 << 20, 4)),
-    );
-    let manager = RpcClient::connect(cluster.manager, &cfg).await?;
-    let Response::Status(status) = manager
-        .call(&Request::GetStatus, bytes::Bytes::new())
-        .await?
-        .0
-    else {
-        bail!("no status");
-    };
-    Ok(status.nodes.get(i).context("no such server")?.addr)
 }
 
 /// Opens up to `n` connections to `addr` and sends each `first` (nothing, or the start of a
@@ -126,7 +107,7 @@ async fn floods_of_idle_connections_do_not_lock_clients_out() -> Result<()> {
         })
         .await?,
     );
-    let server = server_addr(&cluster, 0).await?;
+    let server = cluster.status().await?.nodes[0].addr;
     let room = tessera_proto::admit::raise_open_file_limit()?;
     let room = usize::try_from(room).unwrap_or(usize::MAX);
     let per_port = FLOOD.min(room.saturating_sub(512) / 3);
@@ -182,7 +163,7 @@ async fn half_sent_frames_are_closed_and_their_memory_given_back() -> Result<()>
         .await?,
     );
     let pid = cluster.servers[0].id();
-    let server = server_addr(&cluster, 0).await?;
+    let server = cluster.status().await?.nodes[0].addr;
     let secret = Secret::new(&cluster.secret);
     let base = held_memory(pid)?;
 
