@@ -1,12 +1,12 @@
 //! `tessera up`: a whole cluster on this machine, as child processes of this one: a manager and
 //! N servers on 127.0.0.2, .3, ... Ctrl-C (or SIGTERM) stops all of it.
 //!
-//! `up` outlives its servers and its mount: one that dies is reported and, unless
-//! `--respawn false`, started again (a server joins as a new node and receives its share;
-//! the dead mount is detached and mounted anew), later each time it dies again soon. With
-//! mirrors the cluster loses nothing meanwhile; without, the files with stripes on the dead
-//! server fail with EIO. Only the manager's death stops the cluster: a new one would not
-//! know it.
+//! `up` outlives its children: one that dies is reported and, unless `--respawn false`,
+//! started again, later each time it dies again soon. A server joins as a new node and
+//! receives its share (with mirrors the cluster loses nothing meanwhile; without, the files
+//! with stripes on the dead server fail with EIO); the dead mount is detached and mounted
+//! anew; a new manager on the same address recovers the cluster from the tables its servers
+//! hold, while reads and writes go on without it. Only Ctrl-C or SIGTERM stops `up`.
 
 use crate::config::{self, FileConfig};
 use crate::Cli;
@@ -170,10 +170,10 @@ impl Children {
         }
     }
 
-    /// Watches the children of a running cluster until the manager dies (the error says
-    /// how). A server that exits cleanly was drained and retired by the manager (scale-in):
-    /// it is let go. Any other death is reported, and the process started again if `respawn`.
-    async fn supervise(&mut self, respawn: bool) -> Result<()> {
+    /// Watches the children of a running cluster, for ever. A server that exits cleanly was
+    /// drained and retired by the manager (scale-in): it is let go. Any other death is
+    /// reported, and the process started again if `respawn`.
+    async fn supervise(&mut self, respawn: bool) {
         loop {
             let now = Instant::now();
             let mut retired = Vec::new();
@@ -183,7 +183,7 @@ impl Children {
                 };
                 m.child = None;
                 match &m.role {
-                    Role::Manager => bail!("the manager exited ({status})"),
+                    Role::Manager => {}
                     Role::Server if status.success() => {
                         eprintln!("{} was retired (scale-in)", m.name);
                         retired.push(i);
@@ -350,7 +350,7 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
 
     let outcome = tokio::select! {
         r = crate::shutdown_signal() => r,
-        r = children.supervise(args.respawn) => r,
+        () = children.supervise(args.respawn) => Ok(()),
     };
     eprintln!("stopping the cluster");
     children.stop().await;

@@ -1,7 +1,8 @@
 //! `tessera up` as a user starts it, outliving the death of its children: a server killed
 //! with SIGKILL during I/O, with mirrors, loses nothing, the cluster stays up, and a new server
 //! takes the dead one's place; a server stopped (SIGSTOP) past the dead-node time comes back
-//! as a new node and serves nothing stale. Needs root and /dev/fuse.
+//! as a new node and serves nothing stale; a killed manager is started again and recovers the
+//! cluster while I/O goes on. Needs root and /dev/fuse.
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
@@ -25,6 +26,11 @@ fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
 
 /// The pids of `up`'s children that run `tessera server`.
 fn servers_of(up: u32) -> Vec<u32> {
+    children_of(up, "server")
+}
+
+/// The pids of `up`'s children that run `tessera <role>`.
+fn children_of(up: u32, role: &str) -> Vec<u32> {
     let mut pids = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
@@ -37,8 +43,8 @@ fn servers_of(up: u32) -> Vec<u32> {
             .and_then(|(_, rest)| rest.split_whitespace().nth(1))
             .and_then(|p| p.parse::<u32>().ok());
         let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-        let server = cmdline.split(|b| *b == 0).nth(1) == Some(b"server".as_slice());
-        if parent == Some(up) && server {
+        let runs = cmdline.split(|b| *b == 0).nth(1) == Some(role.as_bytes());
+        if parent == Some(up) && runs {
             pids.push(pid);
         }
     }
@@ -58,14 +64,18 @@ fn content(n: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn live_nodes(home: &Path) -> usize {
+/// `tessera status --json`, or null while the manager does not answer.
+fn status(home: &Path) -> serde_json::Value {
     let out = Command::new(TESSERA)
         .args(["status", "--json"])
         .env("TESSERA_HOME", home)
         .output()
         .expect("tessera status");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    v["nodes"]
+    serde_json::from_slice(&out.stdout).unwrap_or_default()
+}
+
+fn live_nodes(home: &Path) -> usize {
+    status(home)["nodes"]
         .as_array()
         .map_or(0, |n| n.iter().filter(|n| n["alive"] == true).count())
 }
@@ -206,5 +216,79 @@ fn a_server_stopped_past_the_dead_node_time_rejoins_as_a_new_node() {
     for n in 0..8 {
         let back = std::fs::read(mnt.join(format!("f{n}"))).expect("read back");
         assert!(back == content(n + 1000, len), "f{n} read stale bytes");
+    }
+}
+
+#[test]
+fn a_killed_manager_is_started_again_and_recovers_the_cluster_while_io_goes_on() {
+    let home = tempfile::tempdir().expect("a home");
+    let home = home.path().to_path_buf();
+    let (up, mnt, _) = up_mirrored(&home);
+    let len = 3 << 20;
+    let epoch = status(&home)["epoch"].as_u64().expect("an epoch");
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, mnt) = (Arc::clone(&stop), mnt.clone());
+        std::thread::spawn(move || {
+            let mut written = Vec::new();
+            for n in 0..200 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let path: PathBuf = mnt.join(format!("f{n}"));
+                let stored = std::fs::File::create(&path).and_then(|mut f| {
+                    f.write_all(&content(n, len))?;
+                    f.sync_all()
+                });
+                written.push((n, stored.map_err(|e| e.to_string())));
+            }
+            written
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let manager = children_of(up.0.id(), "manager");
+    assert_eq!(manager.len(), 1, "one manager: {manager:?}");
+    // SAFETY: the manager process of this test's own `tessera up`.
+    unsafe { libc::kill(manager[0] as i32, libc::SIGKILL) };
+    wait_until(
+        "a new manager that knows the four servers",
+        Duration::from_secs(60),
+        || live_nodes(&home) == 4,
+    );
+    stop.store(true, Ordering::Relaxed);
+    let written = writer.join().expect("writer");
+    let failed: Vec<_> = written.iter().filter(|(_, r)| r.is_err()).collect();
+    assert!(
+        !written.is_empty() && failed.is_empty(),
+        "the manager is not on the data path: {failed:?}"
+    );
+    for (n, _) in &written {
+        let back = std::fs::read(mnt.join(format!("f{n}"))).expect("read back");
+        assert!(back == content(*n, len), "f{n} changed");
+    }
+    let after = status(&home);
+    assert!(
+        after["epoch"].as_u64().is_some_and(|e| e >= epoch),
+        "epochs go on from the servers' table: {epoch} then {after}"
+    );
+    let log = std::fs::read_to_string(home.join("up.log")).unwrap_or_default();
+    assert!(
+        log.contains("manager exited (signal: 9") && log.contains("the cluster is recovered"),
+        "the death and the recovery are reported: {log}"
+    );
+    // The recovered manager runs the cluster: a dead server is replaced and rebuilt.
+    // SAFETY: a server process of this test's own `tessera up`.
+    unsafe { libc::kill(servers_of(up.0.id())[0] as i32, libc::SIGKILL) };
+    wait_until(
+        "a rebuilt cluster under the new manager",
+        Duration::from_secs(90),
+        || {
+            let s = status(&home);
+            live_nodes(&home) == 4 && s["degraded"] == 0 && s["incoming"] == 0
+        },
+    );
+    for (n, _) in &written {
+        let back = std::fs::read(mnt.join(format!("f{n}"))).expect("read back");
+        assert!(back == content(*n, len), "f{n} changed after the rebuild");
     }
 }

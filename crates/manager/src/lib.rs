@@ -192,8 +192,24 @@ impl Handler for ManagerHandler {
                     Err(e) => Response::Error(e),
                 }
             }
-            Request::Heartbeat { node, stats } => {
-                match self.shared.lock().heartbeat(node, stats, now) {
+            Request::Rejoin {
+                node,
+                addr,
+                capacity,
+                label,
+                table,
+            } => {
+                let mut st = self.shared.lock();
+                match st.rejoin(node, addr, capacity, label, table, now) {
+                    Ok(node) => Response::Registered {
+                        node,
+                        config: st.config,
+                    },
+                    Err(e) => Response::Error(e),
+                }
+            }
+            Request::Heartbeat { node, addr, stats } => {
+                match self.shared.lock().heartbeat(node, addr, stats, now) {
                     Ok(Beat::Epoch(epoch)) => Response::HeartbeatAck { epoch },
                     Ok(Beat::Retired) => Response::Retired,
                     Err(e) => Response::Error(e),

@@ -71,6 +71,9 @@ pub struct State {
     policy: Option<Policy>,
     /// Servers the policy asked for: how many members it expects, until when.
     awaiting: Option<(usize, Instant)>,
+    /// Recovering a running cluster from the tables its servers hold (this manager was
+    /// restarted): until then the table is not changed, so no epoch is published twice.
+    recovering_until: Option<Instant>,
 }
 
 impl State {
@@ -91,6 +94,7 @@ impl State {
             history: History::default(),
             policy: None,
             awaiting: None,
+            recovering_until: None,
         }
     }
 
@@ -114,6 +118,9 @@ impl State {
     /// Periodic failure detection: declares silent servers dead and, if the table used any of
     /// them, publishes a re-planned table. Returns the epoch published, if any.
     pub fn tick(&mut self, now: Instant) -> Option<Epoch> {
+        if self.recovering_until.is_some_and(|until| now >= until) {
+            return self.recovered(now);
+        }
         if self.reap(now) {
             self.replan("servers died")
         } else {
@@ -167,8 +174,12 @@ impl State {
         replan
     }
 
-    /// Re-plans the table over the live members and publishes it.
+    /// Re-plans the table over the live members and publishes it (not while recovering: the
+    /// end of the recovery re-plans once for everything that changed meanwhile).
     fn replan(&mut self, why: &str) -> Option<Epoch> {
+        if self.recovering_until.is_some() {
+            return None;
+        }
         let info = self.table.as_ref()?;
         let alive = self.live_weights();
         let draining: Vec<NodeId> = self
@@ -323,12 +334,127 @@ impl State {
         Ok((id, true))
     }
 
+    /// A server this manager does not know claims its place with the table it holds. A
+    /// manager without a table (restarted) adopts the newest table claimed and recovers the
+    /// cluster from it: for one dead-node time it takes the claims of the servers in it and
+    /// changes nothing, then re-plans without those that did not come back (see
+    /// [`State::tick`]). Servers that registered afresh before the first claim held nothing;
+    /// they are forgotten, to join again under ids that do not collide with the table's.
+    pub fn rejoin(
+        &mut self,
+        node: NodeId,
+        addr: SocketAddr,
+        capacity: u64,
+        label: Option<String>,
+        claim: TableInfo,
+        now: Instant,
+    ) -> Result<NodeId, ErrorCode> {
+        if claim.config != self.config {
+            return Err(ErrorCode::Invalid(format!(
+                "the server's cluster ({:?}) is not this manager's ({:?})",
+                claim.config, self.config
+            )));
+        }
+        if capacity == 0 {
+            return Err(ErrorCode::Invalid("a server must offer some memory".into()));
+        }
+        let epoch = claim.table.epoch();
+        let adopt = match (&self.table, self.recovering_until) {
+            (None, _) => true,
+            (Some(t), Some(_)) => epoch > t.table.epoch(),
+            (Some(_), None) => false,
+        };
+        if adopt {
+            self.adopt(claim, now);
+        }
+        if let Some(m) = self.members.iter().find(|m| m.id == node && !m.dead) {
+            // A repeated claim (its answer was lost) is answered again.
+            return if m.addr == addr {
+                Ok(node)
+            } else {
+                Err(ErrorCode::NotFound)
+            };
+        }
+        let listed = self
+            .table
+            .as_ref()
+            .is_some_and(|t| t.nodes.iter().any(|n| n.id == node && n.addr == addr));
+        if !listed || self.recovering_until.is_none() {
+            return Err(ErrorCode::NotFound);
+        }
+        self.next_id = self.next_id.max(node.saturating_add(1));
+        self.members.push(Member {
+            id: node,
+            addr,
+            capacity,
+            label,
+            last_seen: now,
+            stats: NodeStats {
+                capacity,
+                ..NodeStats::default()
+            },
+            dead: false,
+            draining: false,
+            joined: now,
+        });
+        info!(node, %addr, epoch, "a server of the running cluster rejoined");
+        Ok(node)
+    }
+
+    /// Takes `claim` as the cluster's table, to recover from.
+    fn adopt(&mut self, claim: TableInfo, now: Instant) {
+        let t = &claim.table;
+        info!(
+            epoch = t.epoch(),
+            servers = claim.nodes.len(),
+            "recovering a running cluster from the table its servers hold"
+        );
+        let listed: BTreeSet<(NodeId, SocketAddr)> =
+            claim.nodes.iter().map(|n| (n.id, n.addr)).collect();
+        // Told `NotFound` at their next beat, they join again as new nodes.
+        self.members.retain(|m| listed.contains(&(m.id, m.addr)));
+        self.goal = t
+            .all()
+            .iter()
+            .zip(t.all_incoming())
+            .map(|(r, i)| r.iter().chain(i).copied().collect())
+            .collect();
+        let top = listed.iter().map(|&(id, _)| id).max().unwrap_or(0);
+        self.next_id = self.next_id.max(top.saturating_add(1));
+        self.table = Some(claim);
+        self.recovering_until
+            .get_or_insert(now + self.heartbeat_timeout);
+    }
+
+    /// The end of a recovery: re-plans without the servers of the table that did not come
+    /// back, and with those that joined meanwhile.
+    fn recovered(&mut self, now: Instant) -> Option<Epoch> {
+        self.recovering_until = None;
+        self.reap(now);
+        let info = self.table.as_ref()?;
+        let live: BTreeSet<NodeId> = self.live_weights().iter().map(|w| w.node).collect();
+        let listed: BTreeSet<NodeId> = info.nodes.iter().map(|n| n.id).collect();
+        info!(
+            epoch = info.table.epoch(),
+            back = live.intersection(&listed).count(),
+            of = listed.len(),
+            new = live.difference(&listed).count(),
+            "the cluster is recovered"
+        );
+        if live == listed {
+            None
+        } else {
+            self.replan("recovered")
+        }
+    }
+
     /// A server's heartbeat. Returns the current epoch (the server fetches a newer table), or
     /// that it was retired. A server already declared dead is answered `NotFound`: it must
     /// restart to rejoin.
     pub fn heartbeat(
         &mut self,
         node: NodeId,
+        addr: SocketAddr,
         stats: NodeStats,
         now: Instant,
     ) -> Result<Beat, ErrorCode> {
@@ -342,7 +468,7 @@ impl State {
         let m = self
             .members
             .iter_mut()
-            .find(|m| m.id == node && !m.dead)
+            .find(|m| m.id == node && m.addr == addr && !m.dead)
             .ok_or(ErrorCode::NotFound)?;
         m.last_seen = now;
         m.stats = stats;
@@ -354,6 +480,11 @@ impl State {
     pub fn drain(&mut self, nodes: &[NodeId], now: Instant) -> Result<Epoch, ErrorCode> {
         if self.table.is_none() {
             return Err(ErrorCode::NotReady("no partition table yet".into()));
+        }
+        if self.recovering_until.is_some() {
+            return Err(ErrorCode::NotReady(
+                "the manager is recovering the cluster; try again shortly".into(),
+            ));
         }
         for &n in nodes {
             match self.members.iter().find(|m| m.id == n) {
@@ -435,6 +566,12 @@ impl State {
         epoch: Epoch,
         now: Instant,
     ) -> Result<Epoch, ErrorCode> {
+        if self.recovering_until.is_some() {
+            // A newer table may yet be claimed: publishing now could reuse its epoch.
+            return Err(ErrorCode::NotReady(
+                "the manager is recovering the cluster; report the copy again".into(),
+            ));
+        }
         // A sender that has just been declared dead must not be promoted.
         if self.reap(now) {
             self.replan("servers died");
@@ -637,7 +774,8 @@ mod tests {
 
     fn beat(s: &mut State, nodes: impl IntoIterator<Item = NodeId>, now: Instant) {
         for n in nodes {
-            s.heartbeat(n, NodeStats::default(), now).unwrap();
+            s.heartbeat(n, addr(n as u8 + 1), NodeStats::default(), now)
+                .unwrap();
         }
     }
 
@@ -673,15 +811,15 @@ mod tests {
     /// default the current one).
     fn report(s: &mut State, used: u64, epoch: Option<Epoch>, now: Instant) {
         let epoch = epoch.unwrap_or_else(|| table(s).epoch());
-        let ids: Vec<NodeId> = s.members.iter().map(|m| m.id).collect();
-        for n in ids {
+        let ids: Vec<(NodeId, SocketAddr)> = s.members.iter().map(|m| (m.id, m.addr)).collect();
+        for (n, a) in ids {
             let stats = NodeStats {
                 capacity: 1 << 30,
                 used,
                 epoch,
                 ..NodeStats::default()
             };
-            s.heartbeat(n, stats, now).unwrap();
+            s.heartbeat(n, a, stats, now).unwrap();
         }
     }
 
@@ -727,12 +865,12 @@ mod tests {
         assert!(matches!(s.table_info(), Err(ErrorCode::NotReady(_))));
         assert_eq!(s.register(addr(3), 1 << 30, None, now), Ok((2, false)));
         assert_eq!(
-            s.heartbeat(1, NodeStats::default(), now),
+            s.heartbeat(1, addr(2), NodeStats::default(), now),
             Ok(Beat::Epoch(None))
         );
         assert_eq!(s.register(addr(4), 2 << 30, None, now), Ok((3, true)));
         assert_eq!(
-            s.heartbeat(1, NodeStats::default(), now),
+            s.heartbeat(1, addr(2), NodeStats::default(), now),
             Ok(Beat::Epoch(Some(1)))
         );
         // Proportional to capacity: node 3 has twice the memory.
@@ -798,7 +936,7 @@ mod tests {
         let dead = st.nodes.iter().find(|n| n.id == 3).unwrap();
         assert!(!dead.alive && dead.partitions == 0);
         assert_eq!(
-            s.heartbeat(3, NodeStats::default(), t0 + 3 * SEC),
+            s.heartbeat(3, addr(4), NodeStats::default(), t0 + 3 * SEC),
             Err(ErrorCode::NotFound)
         );
         // A second tick changes nothing more.
@@ -846,6 +984,108 @@ mod tests {
         assert!(t.all().iter().all(|l| l.len() == 2));
         let load = t.load();
         assert!(load.values().all(|&c| (42..=44).contains(&c)), "{load:?}");
+    }
+
+    /// The table of a 4-server, r = 2 cluster that lost node 4 and rebuilt (epoch > 1).
+    fn held_table(t0: Instant) -> TableInfo {
+        let mut old = cluster(4, 2, t0);
+        beat(&mut old, [1, 2, 3], t0 + 2 * SEC);
+        old.tick(t0 + 3 * SEC);
+        sync_all(&mut old, t0 + 3 * SEC);
+        old.table().unwrap().clone()
+    }
+
+    #[test]
+    fn a_restarted_manager_recovers_the_cluster_from_the_servers_tables() {
+        let t0 = Instant::now();
+        let held = held_table(t0);
+        let e = held.table.epoch();
+        assert!(e > 2, "{e}");
+        let mut stale = held.clone();
+        stale.table = PartitionTable::new(e - 1, held.table.all().to_vec()).unwrap();
+
+        let mut s = State::new(cfg_r(2), 4, 2 * SEC);
+        // A server started afresh before the first claim held nothing: it is forgotten.
+        assert_eq!(s.register(addr(9), 1 << 30, None, t0), Ok((1, false)));
+        // Node 1 claims with an older table, node 2 with the newest: the newest is kept.
+        assert_eq!(s.rejoin(1, addr(2), 1 << 30, None, stale, t0), Ok(1));
+        assert_eq!(s.table().unwrap().table.epoch(), e - 1);
+        assert_eq!(s.rejoin(2, addr(3), 1 << 30, None, held.clone(), t0), Ok(2));
+        assert_eq!(s.table(), Some(&held));
+        assert_eq!(
+            s.heartbeat(1, addr(2), NodeStats::default(), t0),
+            Ok(Beat::Epoch(Some(e)))
+        );
+        // Not a member of the table: a node the cluster moved on from (node 4 died).
+        assert_eq!(
+            s.rejoin(4, addr(5), 1 << 30, None, held.clone(), t0),
+            Err(ErrorCode::NotFound)
+        );
+        // The fresh registrant was forgotten: its next beat tells it to join again.
+        assert_eq!(
+            s.heartbeat(1, addr(9), NodeStats::default(), t0),
+            Err(ErrorCode::NotFound)
+        );
+        // Nothing changes while recovering: a copy reported done waits, a drain too.
+        assert!(matches!(
+            s.sync_done(1, 0, e, t0),
+            Err(ErrorCode::NotReady(_))
+        ));
+        assert!(matches!(s.drain(&[1], t0), Err(ErrorCode::NotReady(_))));
+        assert_eq!(s.tick(t0 + SEC), None);
+        // Node 3 comes back in time; a new server joins during the recovery.
+        assert_eq!(
+            s.rejoin(3, addr(4), 1 << 30, None, held.clone(), t0 + SEC),
+            Ok(3)
+        );
+        assert_eq!(s.register(addr(9), 1 << 30, None, t0 + SEC), Ok((4, false)));
+        s.heartbeat(4, addr(9), NodeStats::default(), t0 + 2 * SEC)
+            .unwrap();
+        beat(&mut s, [1, 2, 3], t0 + 2 * SEC);
+        assert_eq!(table(&s).epoch(), e);
+        // At the end of the recovery the table is re-planned once, epochs going on.
+        assert_eq!(s.tick(t0 + 2 * SEC), Some(e + 1));
+        assert!((0..64).any(|p| table(&s).receives(4, p)));
+        // The recovery is over: late claims are refused.
+        assert_eq!(
+            s.rejoin(5, addr(6), 1 << 30, None, held, t0 + 2 * SEC),
+            Err(ErrorCode::NotFound)
+        );
+        sync_all(&mut s, t0 + 2 * SEC);
+        assert!(table(&s).all().iter().all(|l| l.len() == 2));
+    }
+
+    #[test]
+    fn a_recovery_drops_the_servers_that_did_not_come_back() {
+        let t0 = Instant::now();
+        let held = held_table(t0);
+        let e = held.table.epoch();
+        let mut s = State::new(cfg_r(2), 4, 2 * SEC);
+        assert!(matches!(
+            s.rejoin(
+                1,
+                addr(2),
+                1 << 30,
+                None,
+                TableInfo {
+                    config: cfg(),
+                    ..held.clone()
+                },
+                t0
+            ),
+            Err(ErrorCode::Invalid(_))
+        ));
+        assert_eq!(s.rejoin(1, addr(2), 1 << 30, None, held.clone(), t0), Ok(1));
+        assert_eq!(s.rejoin(1, addr(2), 1 << 30, None, held.clone(), t0), Ok(1));
+        assert_eq!(s.rejoin(2, addr(3), 1 << 30, None, held, t0), Ok(2));
+        beat(&mut s, [1, 2], t0 + 2 * SEC);
+        assert_eq!(s.tick(t0 + 2 * SEC), Some(e + 1));
+        let t = table(&s);
+        assert!(!t.nodes().contains(&3));
+        assert!(
+            t.all().iter().all(|l| !l.is_empty()),
+            "nothing lost with r = 2"
+        );
     }
 
     #[test]
@@ -903,7 +1143,10 @@ mod tests {
         assert!(t.all().iter().all(|l| l.len() == 1));
         assert!(!t.nodes().is_empty() && table_addrs(&s).iter().all(|&n| n != 2));
         assert_eq!(s.take_released().len(), 1);
-        assert_eq!(s.heartbeat(2, NodeStats::default(), t0), Ok(Beat::Retired));
+        assert_eq!(
+            s.heartbeat(2, addr(3), NodeStats::default(), t0),
+            Ok(Beat::Retired)
+        );
         assert!(matches!(s.drain(&[2], t0), Err(ErrorCode::Invalid(_))));
     }
 
@@ -1004,7 +1247,7 @@ mod tests {
             Ok((2, false))
         );
         assert_eq!(
-            s.heartbeat(99, NodeStats::default(), now),
+            s.heartbeat(99, addr(100), NodeStats::default(), now),
             Err(ErrorCode::NotFound)
         );
     }
@@ -1016,7 +1259,8 @@ mod tests {
         s.register(addr(2), 1, None, t0).unwrap();
         assert!(s.status(t0 + Duration::from_secs(1)).nodes[0].alive);
         let later = t0 + Duration::from_secs(4);
-        s.heartbeat(1, NodeStats::default(), later).unwrap();
+        s.heartbeat(1, addr(2), NodeStats::default(), later)
+            .unwrap();
         let st = s.status(later);
         assert!(st.nodes[0].alive);
         assert_eq!((st.epoch, st.nodes[0].partitions), (Some(1), 64));

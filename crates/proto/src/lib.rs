@@ -42,6 +42,6 @@ pub use rpc::{
 /// another's change, `Relinquish`; 10: only directories have hashed numbers, only files and
 /// the like placed ones, and servers refuse requests that would break the namespace; 11:
 /// `InodeRetract`, `DropFiles` without sizes, `RenameLock`).
-pub const PROTOCOL_VERSION: u16 = 11;
+pub const PROTOCOL_VERSION: u16 = 12;
 /// First bytes of every connection.
 pub const MAGIC: [u8; 4] = *b"TSRA";

@@ -413,12 +413,26 @@ pub enum Request {
         capacity: u64,
         label: Option<String>,
     },
-    /// Reply: `HeartbeatAck`.
+    /// A server a restarted manager does not know claims its place (to the manager): its id,
+    /// and the newest table it holds, from which the manager recovers the cluster. Reply:
+    /// `Registered` with the same id, or `NotFound` if the cluster moved on without it (it
+    /// must join again as a new, empty node).
+    Rejoin {
+        node: NodeId,
+        addr: SocketAddr,
+        capacity: u64,
+        label: Option<String>,
+        table: TableInfo,
+    },
+    /// Reply: `HeartbeatAck`, or `NotFound` if the manager does not know this node at this
+    /// address (declared dead, or the manager restarted: see `Rejoin`).
     Heartbeat {
         node: NodeId,
+        addr: SocketAddr,
         stats: NodeStats,
     },
-    /// Reply: `Table`, or `NotReady` until the expected servers have joined.
+    /// Reply: `Table`, or `NotReady` until the expected servers have joined. Servers answer it
+    /// too, with the newest table they hold, so clients go on while the manager is away.
     GetTable,
     /// Reply: `Status`.
     GetStatus,

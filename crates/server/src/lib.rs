@@ -21,7 +21,7 @@ use tessera_proto::{
     BufferPool, ClusterConfig, ErrorCode, Request, Response, RpcClient, RpcConfig, RpcError, Secret,
 };
 use tokio::net::TcpListener;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// Memory of idle stripe buffers a server keeps for reuse (in whole stripes, at least one):
 /// counted in bytes, so large stripes do not multiply it. Beyond it, freed stripes go back to
@@ -209,7 +209,7 @@ pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
             tokio::time::sleep(POOL_QUIET).await;
             let freed = pool.trim(keep_quiet);
             if freed > 0 {
-                tracing::debug!(freed, "idle stripe buffers given back");
+                debug!(freed, "idle stripe buffers given back");
             }
         }
     });
@@ -221,7 +221,7 @@ pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
         opts.sync_rate,
     )));
     tasks.spawn(failed_at_end(purge::run(handler.clone())));
-    tasks.spawn(heartbeat(handler, manager, opts, rpc));
+    tasks.spawn(heartbeat(handler, manager, opts, rpc, addr));
     Ok(RunningServer { addr, node, tasks })
 }
 
@@ -231,6 +231,40 @@ async fn failed_at_end(task: impl std::future::Future<Output = ()>) -> Ended {
     Ended::Failed
 }
 
+/// Claims this node's place at a manager that does not know it (restarted), with the table
+/// this node holds. Whether the manager took it back (`None`: no answer, ask again later).
+async fn rejoin(
+    h: &NodeHandler,
+    c: &RpcClient,
+    opts: &ServerOptions,
+    addr: SocketAddr,
+) -> Option<bool> {
+    let Some(table) = h.table().map(|t| t.info.clone()) else {
+        return Some(false);
+    };
+    let req = Request::Rejoin {
+        node: h.node(),
+        addr,
+        capacity: opts.capacity,
+        label: opts.label.clone(),
+        table,
+    };
+    match c.call(&req, bytes::Bytes::new()).await {
+        Ok((Response::Registered { node, .. }, _)) if node == h.node() => {
+            info!(node, "rejoined a restarted manager");
+            Some(true)
+        }
+        Ok((other, _)) => {
+            debug!("the manager did not take this node back: {other:?}");
+            Some(false)
+        }
+        Err(e) => {
+            debug!("rejoining failed: {e}");
+            None
+        }
+    }
+}
+
 /// Reports statistics every `heartbeat` and installs newer tables; reconnects to the manager
 /// whenever it has to, until the manager retires or forgets this node.
 async fn heartbeat(
@@ -238,8 +272,10 @@ async fn heartbeat(
     manager: RpcClient,
     opts: ServerOptions,
     rpc: Arc<RpcConfig>,
+    addr: SocketAddr,
 ) -> Ended {
     let mut conn = Some(manager);
+    let mut reachable = true;
     loop {
         let pause = if handler.expire_fences() {
             FENCED_POLL
@@ -254,14 +290,21 @@ async fn heartbeat(
             conn = match RpcClient::connect(opts.manager, &rpc).await {
                 Ok(c) => Some(c),
                 Err(e) => {
-                    warn!("manager unreachable: {e}");
+                    // Serving goes on meanwhile; said once, not at every beat.
+                    if std::mem::replace(&mut reachable, false) {
+                        warn!("manager unreachable ({e}): serving with the table held");
+                    }
                     continue;
                 }
             };
+            if !std::mem::replace(&mut reachable, true) {
+                info!("manager reachable again");
+            }
         }
         let Some(c) = conn.as_ref() else { continue };
         let hb = Request::Heartbeat {
             node: handler.node(),
+            addr,
             stats: handler.stats(),
         };
         let epoch = match c.call(&hb, bytes::Bytes::new()).await {
@@ -272,6 +315,10 @@ async fn heartbeat(
                 return Ended::Retired;
             }
             Ok((Response::Error(ErrorCode::NotFound), _)) => {
+                match rejoin(&handler, c, &opts, addr).await {
+                    Some(true) | None => continue,
+                    Some(false) => {}
+                }
                 warn!("the manager declared this node dead and rebuilt its partitions elsewhere");
                 return Ended::Forgotten;
             }
