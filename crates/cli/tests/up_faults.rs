@@ -276,6 +276,7 @@ fn a_killed_manager_is_started_again_and_recovers_the_cluster_while_io_goes_on()
         log.contains("manager exited (signal: 9") && log.contains("the cluster is recovered"),
         "the death and the recovery are reported: {log}"
     );
+    assert!(!log.contains('\u{1b}'), "no terminal colours in a log file");
     // The recovered manager runs the cluster: a dead server is replaced and rebuilt.
     // SAFETY: a server process of this test's own `tessera up`.
     unsafe { libc::kill(servers_of(up.0.id())[0] as i32, libc::SIGKILL) };

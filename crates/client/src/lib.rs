@@ -28,8 +28,8 @@ pub use file::{File, ReadSinks};
 pub use lane::Lane;
 pub use namespace::{Moved, OpenOptions, Unlinked, Usage};
 pub use tessera_proto::{
-    DirEntry, ErrorCode, FileKind, Inode, Listed, Name, Notice, NoticeSink, SetAttr, Timespec,
-    NAME_MAX, RECALL_PATIENCE,
+    DirEntry, ErrorCode, FileKind, Inode, Listed, Name, Notice, NoticeSink, SetAttr, Sink,
+    Timespec, NAME_MAX, RECALL_PATIENCE,
 };
 
 use route::Router;

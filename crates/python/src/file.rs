@@ -170,7 +170,9 @@ impl PyFile {
                 }
             }
         }
-        let (bytes, buf) = new_bytes(py, want)?;
+        // SAFETY: Python gets `bytes` only once all `want` bytes were read into it; a short
+        // read returns a copy of the filled part instead.
+        let (bytes, buf) = unsafe { new_bytes(py, want)? };
         let got = py.detach(|| {
             let Handle { file, cached, .. } = h;
             let file = file

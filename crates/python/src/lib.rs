@@ -43,9 +43,15 @@ pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
 
 /// A new `bytes` object of `len` bytes, not initialised, and its bytes to fill.
 ///
-/// The caller must fill the whole slice before Python sees the object, and must not use the
-/// slice after dropping the object (both are used together, in one function).
-pub(crate) fn new_bytes(py: Python<'_>, len: usize) -> PyResult<(Bound<'_, PyBytes>, &mut [u8])> {
+/// # Safety
+///
+/// The caller must fill the whole slice before Python sees the object (an object handed
+/// back with fewer bytes filled exposes uninitialised memory), and must not use the slice
+/// after the object is dropped.
+pub(crate) unsafe fn new_bytes(
+    py: Python<'_>,
+    len: usize,
+) -> PyResult<(Bound<'_, PyBytes>, &mut [u8])> {
     let n = isize::try_from(len).map_err(|_| PyValueError::new_err("too many bytes"))?;
     // SAFETY: PyBytes_FromStringAndSize(NULL, n) returns a new, unshared bytes object of n
     // bytes (or NULL with an exception set, turned into Err); its buffer lives as long as the
@@ -68,7 +74,8 @@ fn join_chunks<'py>(py: Python<'py>, chunks: &[Bytes]) -> PyResult<Bound<'py, Py
         return Ok(PyBytes::new(py, one));
     }
     let total = chunks.iter().map(Bytes::len).sum();
-    let (obj, buf) = new_bytes(py, total)?;
+    // SAFETY: the chunks fill all `total` bytes before the object is returned.
+    let (obj, buf) = unsafe { new_bytes(py, total)? };
     py.detach(|| {
         let mut at = 0;
         for c in chunks {
@@ -469,7 +476,7 @@ impl PyClient {
         self.run(py, &p, async {
             match c.stat(&p).await {
                 Ok(i) if i.kind == FileKind::Dir && exist_ok => return Ok(()),
-                Ok(_) => return Err(tessera_proto::ErrorCode::Exists.into()),
+                Ok(_) => return Err(tessera_client::ErrorCode::Exists.into()),
                 Err(_) => {}
             }
             let made = if parents {
@@ -498,7 +505,7 @@ impl PyClient {
                 return c.remove_all(&p).await;
             }
             if c.lstat(&p).await?.kind == FileKind::Dir {
-                return Err(tessera_proto::ErrorCode::IsDir.into());
+                return Err(tessera_client::ErrorCode::IsDir.into());
             }
             c.remove_file(&p).await
         })
@@ -537,7 +544,7 @@ impl PyClient {
             let f = c.open(&p, &opts).await?;
             if f.attr().kind == FileKind::Dir {
                 let _ = f.close().await;
-                return Err(tessera_proto::ErrorCode::IsDir.into());
+                return Err(tessera_client::ErrorCode::IsDir.into());
             }
             Ok(f)
         })?;

@@ -12,7 +12,7 @@ use pyo3::types::PyBytes;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tessera_client::ReadSinks;
-use tessera_proto::Sink;
+use tessera_client::Sink;
 
 /// The `bytes` objects of one open file that are sinks still referenced by the client, by the
 /// address of their data.
@@ -72,7 +72,9 @@ pub(crate) struct FileSinks(pub(crate) Arc<BytesSinks>);
 impl ReadSinks for FileSinks {
     fn sink(&self, len: usize) -> Option<Box<dyn Sink>> {
         Python::attach(|py| {
-            let (obj, buf) = new_bytes(py, len).ok()?;
+            // SAFETY: the object is handed to Python (`BytesSinks::object`) only once the
+            // client has filled the whole sink; until then the map only keeps it alive.
+            let (obj, buf) = unsafe { new_bytes(py, len).ok()? };
             let ptr = buf.as_mut_ptr();
             self.0.lock().insert(ptr as usize, obj.unbind());
             Some(Box::new(BytesSink {
