@@ -21,7 +21,7 @@
 //! libfuse do), which is what makes `stat` fast, but every open fetches fresh attributes from the
 //! cluster and tells the kernel to drop the ones it cached; the file's page cache is kept
 //! (`KEEP_CACHE`) only while the inode's change counter shows no change but this mount's own
-//! (`Fs::pages`), so an open after another node's close sees its data and size. A cached name whose
+//! (`cache::Pages`), so an open after another node's close sees its data and size. A cached name whose
 //! file was deleted elsewhere answers ESTALE, on which the kernel looks the name up again (as for
 //! NFS). In a directory this mount made, it answers that a name is absent itself, on the
 //! servers' promise to tell it of any name another node adds (`complete.rs`).
