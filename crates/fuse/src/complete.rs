@@ -10,7 +10,7 @@
 //! notice came while it was being made ([`Complete::cuts`]): one may concern it already.
 //!
 //! Where it knows every name, the mount answers a create before the server has it (the
-//! request goes out right after, see `TesseraFs::create`): the server recalls the promise
+//! request goes out right after, see `Fs::create` in `open.rs`): the server recalls the promise
 //! before anyone else adds a name or removes the directory, and the mount gives it back
 //! (`Op::Relinquish`) only once those creates are in ([`Complete::settle`]). Until then every
 //! other request about the directory or the new file waits for them too; the close's FLUSH,

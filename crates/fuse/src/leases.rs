@@ -22,19 +22,29 @@
 //! that `Reset` (a connection to a server ended, the table changed) knows what to drop. It is
 //! bounded: when [`HELD_MAX`] is reached, what was granted longer than the lease time ago (the
 //! kernel has let it go) is forgotten; if that frees no room, answers get the short time.
+//!
+//! The queue to the invalidator is bounded too ([`NOTICES_MAX`]), and hearing a notice never
+//! blocks: notices are heard on a connection's reader, and the invalidator may be waiting on
+//! the kernel, which may be waiting for a create whose answer that very reader is to read. A
+//! notice that finds the queue full is not lost but made coarser: what it would drop from the
+//! kernel is dropped with everything held, as on `Reset` (answers kept for the short time
+//! expire on their own, as the contract allows); a recall (`Notice::Listing`) is given back at
+//! once, since that only spawns the giving back.
 
 use crate::complete::Complete;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 use tessera_client::{Name, Notice, NoticeSink};
 
 /// Answers kept in the kernel for the lease time at most.
 const HELD_MAX: usize = 1 << 20;
+/// Notices waiting for the invalidator at most (a few MB with long names).
+const NOTICES_MAX: usize = 1 << 14;
 
 /// Something the kernel may cache.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -48,7 +58,9 @@ type OnRecall = Box<dyn Fn(u64) + Send + Sync>;
 
 pub(crate) struct Leases {
     /// To the invalidator.
-    tx: mpsc::Sender<Notice>,
+    tx: mpsc::SyncSender<Notice>,
+    /// A notice found the queue full: the invalidator drops everything held.
+    overflowed: AtomicBool,
     recalled: OnceLock<OnRecall>,
     heard: AtomicU64,
     gate: RwLock<()>,
@@ -75,7 +87,7 @@ impl Leases {
         notifier: Arc<OnceLock<fuser::Notifier>>,
         lease: Duration,
     ) -> std::io::Result<(Arc<Self>, NoticeSink)> {
-        let (tx, rx) = mpsc::channel::<Notice>();
+        let (tx, rx) = mpsc::sync_channel::<Notice>(NOTICES_MAX);
         let leases = Arc::new(Self::new(lease, HELD_MAX, tx));
         let l = leases.clone();
         std::thread::Builder::new()
@@ -92,11 +104,29 @@ impl Leases {
         let _ = self.recalled.set(Box::new(f));
     }
 
-    /// A notice, from a server or from the mount itself; never blocks.
+    /// A notice, from a server or from the mount itself; never blocks (see the module doc).
     fn hear(&self, n: Notice) {
         self.complete.heard(&n);
         self.heard.fetch_add(1, Ordering::SeqCst);
-        let _ = self.tx.send(n);
+        match self.tx.try_send(n) {
+            // Disconnected: the invalidator is gone with the session.
+            Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+            Err(TrySendError::Full(n)) => self.overflow(n),
+        }
+    }
+
+    /// `n` found the queue full. The flag is set before the `Reset` is offered: if that finds
+    /// the queue full too, the invalidator reads the flag after it takes what is queued;
+    /// otherwise the `Reset` wakes it.
+    fn overflow(&self, n: Notice) {
+        if let Notice::Listing { dir } = n {
+            if let Some(give_back) = self.recalled.get() {
+                give_back(dir);
+            }
+            return;
+        }
+        self.overflowed.store(true, Ordering::SeqCst);
+        let _ = self.tx.try_send(Notice::Reset);
     }
 
     /// A create answered ahead failed: `name` in `dir` is not there after all. What the
@@ -108,9 +138,10 @@ impl Leases {
         self.hear(Notice::Attr { ino });
     }
 
-    fn new(lease: Duration, max: usize, tx: mpsc::Sender<Notice>) -> Self {
+    fn new(lease: Duration, max: usize, tx: mpsc::SyncSender<Notice>) -> Self {
         Self {
             tx,
+            overflowed: AtomicBool::new(false),
             recalled: OnceLock::new(),
             heard: AtomicU64::new(0),
             gate: RwLock::new(()),
@@ -158,35 +189,7 @@ impl Leases {
     }
 
     fn invalidate(&self, rx: &mpsc::Receiver<Notice>, notifier: &OnceLock<fuser::Notifier>) {
-        while let Ok(first) = rx.recv() {
-            let batch: Vec<Notice> = std::iter::once(first).chain(rx.try_iter()).collect();
-            // Every answer granted before these notices were counted is in the kernel now.
-            drop(self.gate.write().unwrap_or_else(PoisonError::into_inner));
-            let mut drop_now = Vec::new();
-            {
-                let mut held = self.held();
-                for n in batch {
-                    // Dropped whether leased or not: an answer kept for the short time is
-                    // stale as well.
-                    let key = match n {
-                        Notice::Attr { ino } => Key::Attr(ino),
-                        Notice::Entry { dir, name } => Key::Entry(dir, name),
-                        // Names the mount answered absent itself are not in the kernel.
-                        Notice::Listing { dir } => {
-                            if let Some(give_back) = self.recalled.get() {
-                                give_back(dir);
-                            }
-                            continue;
-                        }
-                        Notice::Reset => {
-                            drop_now.extend(held.keys.drain().map(|(k, _)| k));
-                            continue;
-                        }
-                    };
-                    held.keys.remove(&key);
-                    drop_now.push(key);
-                }
-            }
+        while let Some(drop_now) = self.take(rx) {
             let Some(n) = notifier.get() else { continue };
             for key in drop_now {
                 // ENOENT: the kernel no longer has it, which is as good.
@@ -199,6 +202,43 @@ impl Leases {
             }
         }
     }
+
+    /// Waits for notices and takes them all: what the kernel is to drop. None once the
+    /// sender is gone.
+    fn take(&self, rx: &mpsc::Receiver<Notice>) -> Option<Vec<Key>> {
+        let first = rx.recv().ok()?;
+        let mut batch: Vec<Notice> = std::iter::once(first).chain(rx.try_iter()).collect();
+        // Read before passing the gate: the notices that overflowed were counted by then.
+        if self.overflowed.swap(false, Ordering::SeqCst) {
+            batch.push(Notice::Reset);
+        }
+        // Every answer granted before these notices were counted is in the kernel now.
+        drop(self.gate.write().unwrap_or_else(PoisonError::into_inner));
+        let mut drop_now = Vec::new();
+        let mut held = self.held();
+        for n in batch {
+            // Dropped whether leased or not: an answer kept for the short time is stale as
+            // well.
+            let key = match n {
+                Notice::Attr { ino } => Key::Attr(ino),
+                Notice::Entry { dir, name } => Key::Entry(dir, name),
+                // Names the mount answered absent itself are not in the kernel.
+                Notice::Listing { dir } => {
+                    if let Some(give_back) = self.recalled.get() {
+                        give_back(dir);
+                    }
+                    continue;
+                }
+                Notice::Reset => {
+                    drop_now.extend(held.keys.drain().map(|(k, _)| k));
+                    continue;
+                }
+            };
+            held.keys.remove(&key);
+            drop_now.push(key);
+        }
+        Some(drop_now)
+    }
 }
 
 #[cfg(test)]
@@ -208,7 +248,7 @@ mod tests {
     #[test]
     fn a_full_list_forgets_expired_grants_and_refuses_fresh_ones() {
         let lease = Duration::from_secs(1);
-        let l = Leases::new(lease, 2, mpsc::channel().0);
+        let l = Leases::new(lease, 2, mpsc::sync_channel(1).0);
         let since = l.heard();
         assert!(l.grant(since, vec![Key::Attr(1), Key::Attr(2)]).is_some());
         assert!(
@@ -224,5 +264,43 @@ mod tests {
         // A notice heard since the request was sent: the answer gets the short time.
         l.heard.fetch_add(1, Ordering::SeqCst);
         assert!(l.grant(since, vec![Key::Attr(4)]).is_none());
+    }
+
+    /// Past the queue's bound a notice is made coarser, never lost, and hearing never blocks:
+    /// everything held is dropped from the kernel, and a recall is given back at once.
+    #[test]
+    fn a_full_queue_drops_everything_held_and_still_gives_directories_back() {
+        let (tx, rx) = mpsc::sync_channel(2);
+        let l = Leases::new(Duration::from_secs(60), 16, tx);
+        let given_back = Arc::new(Mutex::new(Vec::new()));
+        let g = given_back.clone();
+        l.on_recall(move |dir| g.lock().unwrap().push(dir));
+        let since = l.heard();
+        let leased = [Key::Attr(1), Key::Attr(2), Key::Entry(7, b"x".to_vec())];
+        drop(l.grant(since, leased.to_vec()));
+        for ino in [1, 2, 3] {
+            l.hear(Notice::Attr { ino });
+        }
+        l.hear(Notice::Listing { dir: 7 });
+        assert_eq!(*given_back.lock().unwrap(), [7], "given back by the hearer");
+        assert_eq!(
+            l.heard(),
+            since + 4,
+            "answers on their way get the short time"
+        );
+        let mut dropped = l.take(&rx).unwrap();
+        dropped.sort_by_key(|k| format!("{k:?}"));
+        dropped.dedup();
+        assert_eq!(
+            dropped, leased,
+            "the overflowed notice for 3 held nothing; the entry only went with everything"
+        );
+        assert!(l.held().keys.is_empty());
+
+        // Room again: a notice is queued as it comes, with no reset behind it.
+        drop(l.grant(l.heard(), vec![Key::Attr(5)]));
+        l.hear(Notice::Attr { ino: 1 });
+        assert_eq!(l.take(&rx).unwrap(), [Key::Attr(1)]);
+        assert_eq!(l.held().keys.len(), 1, "5 is still held");
     }
 }
