@@ -511,8 +511,8 @@ impl File {
     /// new size before the bytes. If the write fails for good, the size is taken back before
     /// the flush answers (`InodeRetract`), unless another writer moved it since.
     ///
-    /// On a FUSE worker, when the write has one replica and it is not on the inode's node, the
-    /// write and the size go out on the worker's lane, and the worker reads both answers
+    /// Run on a lane (a FUSE worker's, see [`crate::Lane`]), when the write has one replica
+    /// and it is not on the inode's node, the write and the size go out on the worker's lane, and the worker reads both answers
     /// itself, with no hand-off to the runtime's tasks. `None`: not such a flush, nothing done.
     async fn flush_beside(&mut self) -> Option<Result<()>> {
         if !self.inflight.is_empty()
@@ -535,10 +535,15 @@ impl File {
         let router = &client.router;
         let before = self.base;
         let size = self.reach();
-        let (published, stored) = match router
-            .send_write_on_lane(key, &op, &data, Key::Meta(self.ino))
-            .await
-        {
+        let on_lane = match &client.lane {
+            Some(lane) => {
+                router
+                    .send_write_on_lane(lane, key, &op, &data, Key::Meta(self.ino))
+                    .await
+            }
+            None => None,
+        };
+        let (published, stored) = match on_lane {
             Some(sent) => {
                 let published = self.publish().await;
                 let stored = router.finish_lane_write(sent, key, &op, &data).await;
@@ -727,17 +732,17 @@ impl File {
             .collect())
     }
 
-    /// The only piece a read needs: on the thread's lane when it has one and the caller
-    /// supplies no memory (`Router::read_on_lane`), else as `fetch`.
+    /// The only piece a read needs: on the lane of the client it was opened through, if it
+    /// has one and the caller supplies no memory (`Router::read_on_lane`), else as `fetch`.
     async fn fetch_alone(&self, seg: &Segment) -> Result<Vec<Fetched>> {
-        let on_lane = match self.sinks {
-            Some(_) => None,
-            None => {
+        let on_lane = match (&self.sinks, &self.client.lane) {
+            (None, Some(lane)) => {
                 let router = &self.client.router;
                 router
-                    .read_on_lane(self.ino, seg.stripe, seg.offset, seg.len)
+                    .read_on_lane(lane, self.ino, seg.stripe, seg.offset, seg.len)
                     .await
             }
+            _ => None,
         };
         match on_lane {
             Some(data) => Ok(vec![Fetched::Done {

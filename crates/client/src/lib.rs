@@ -11,8 +11,9 @@
 //! * [`File`] is an open file: it aggregates small sequential writes into stripe-sized
 //!   requests, keeps many stripe requests in flight, reads ahead on sequential reads, and
 //!   publishes its size and mtime on flush and close (close-to-open consistency).
-//! * [`Lane`]: a blocking thread's own connections, on which the metadata requests of the
-//!   operations it runs through `Lane::block_on` go out and are answered (a FUSE worker).
+//! * [`Lane`]: blocking threads' own connections. A client handle on a lane
+//!   ([`Client::on_lane`]) sends its metadata requests there when its thread runs them through
+//!   `Lane::block_on`, and reads the answers itself (a FUSE worker).
 
 mod choose;
 pub mod config;
@@ -114,6 +115,8 @@ pub struct Client {
     router: Arc<Router>,
     dirs: Arc<path::DirCache>,
     opts: Arc<ClientOptions>,
+    /// Where this handle's requests may go out instead of the shared connections.
+    lane: Option<Lane>,
 }
 
 impl Client {
@@ -125,6 +128,7 @@ impl Client {
             router: Arc::new(router),
             dirs: Arc::new(path::DirCache::new(opts.dir_cache_ttl)),
             opts: Arc::new(opts),
+            lane: None,
         };
         // The manager creates the root right after the table; a new cluster may not have it yet.
         loop {
@@ -160,6 +164,17 @@ impl Client {
                 gid,
                 ..(*self.opts).clone()
             }),
+            ..self.clone()
+        }
+    }
+
+    /// The same connections, this handle's requests (and those of the files it opens) going
+    /// out on `lane` when their thread runs them through [`Lane::block_on`] (see [`Lane`]);
+    /// elsewhere, on the shared connections as ever.
+    #[must_use]
+    pub fn on_lane(&self, lane: &Lane) -> Self {
+        Self {
+            lane: Some(lane.clone()),
             ..self.clone()
         }
     }

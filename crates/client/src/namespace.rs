@@ -125,14 +125,21 @@ enum Named {
 
 impl Client {
     pub(crate) async fn meta(&self, ino: Ino, op: Op) -> Result<Response> {
-        Ok(self.router.call(Key::Meta(ino), op, Bytes::new()).await?.0)
+        Ok(self
+            .router
+            .call(self.lane.as_ref(), Key::Meta(ino), op, Bytes::new())
+            .await?
+            .0)
     }
 
     /// [`Self::meta`], also telling whether the request was re-sent after a server that may have
     /// applied it failed to answer (a primary that died mid-request had forwarded the change to
     /// the mirror that now answers): a non-idempotent operation may then meet its own effect.
     async fn meta_resent(&self, ino: Ino, op: Op) -> (Result<Response>, bool) {
-        let (r, resent) = self.router.call_ex(Key::Meta(ino), op, Bytes::new()).await;
+        let (r, resent) = self
+            .router
+            .call_ex(self.lane.as_ref(), Key::Meta(ino), op, Bytes::new())
+            .await;
         (r.map(|(resp, _)| resp), resent)
     }
 

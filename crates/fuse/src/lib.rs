@@ -3,8 +3,9 @@
 //!
 //! Concurrency: the session runs `threads` FUSE worker threads, each on its own cloned
 //! `/dev/fuse` descriptor. A worker serves a request itself (`Fs::here`), its metadata requests
-//! going out on the worker's own connections (`tessera_client::Lane`: the worker reads the
-//! answer off the socket, one wake-up fewer per request), on at most half the workers at once
+//! going out on the worker's own connections (the mount's client is a handle on a
+//! `tessera_client::Lane`: the worker reads the answer off the socket, one wake-up fewer per
+//! request), on at most half the workers at once
 //! (`Fs::inline`): requests waiting on a slow server never take every worker. Past that it
 //! hands the request, with its reply, to a task on the shared tokio runtime and goes back to the
 //! kernel for the next one, so any number of requests are in flight. `write` always runs on the
@@ -130,8 +131,10 @@ pub fn mount(
         });
         Some(leases)
     };
+    let lane = Lane::new();
     let fs = TesseraFs(Arc::new(Fs {
-        client,
+        client: client.on_lane(&lane),
+        lane,
         rt,
         opts: opts.clone(),
         files: Mutex::default(),
@@ -269,7 +272,10 @@ impl OpenFile {
 struct TesseraFs(Arc<Fs>);
 
 struct Fs {
+    /// On `lane`: its requests go out on the worker's own connections when served here.
     client: Client,
+    /// The FUSE workers' own connections to the servers.
+    lane: Lane,
     rt: Handle,
     opts: MountOptions,
     files: Mutex<Handles<OpenFile>>,
@@ -390,11 +396,6 @@ fn name(n: &OsStr) -> Name {
     n.as_bytes().to_vec()
 }
 
-thread_local! {
-    /// This FUSE worker's own connections to the servers.
-    static LANE: Lane = Lane::new();
-}
-
 impl TesseraFs {
     /// Serves a request on this FUSE worker, its metadata requests on the worker's lane,
     /// while at most half the workers do so (requests waiting on a slow server never take
@@ -446,7 +447,7 @@ impl TesseraFs {
 impl Fs {
     /// Runs `f` on this FUSE worker, on its lane.
     fn here<R>(&self, f: impl Future<Output = R>) -> R {
-        LANE.with(|lane| lane.block_on(&self.rt, f))
+        self.lane.block_on(&self.rt, f)
     }
 
     fn attr(&self, i: &Inode) -> FileAttr {
