@@ -21,6 +21,9 @@ mod table;
 mod transport;
 mod write;
 
+#[cfg(test)]
+mod tests;
+
 pub(crate) use read::ReadPart;
 pub(crate) use table::{Key, Route};
 pub(crate) use write::{wait_ack, wait_acks, Ack, Outcome};
