@@ -34,7 +34,7 @@ pub use pool::BufferPool;
 pub use ratelimit::RateLimit;
 pub use rpc::{
     serve, Conn, Handler, NoticeSink, Reply, RpcClient, RpcConfig, RpcError, Sink, Waiter, Watcher,
-    FRAME_TIMEOUT, MAX_HANDSHAKING,
+    FRAME_TIMEOUT, MAX_HANDSHAKING, OUTBOX_MAX,
 };
 
 /// Version of the protocol spoken by this build; both ends must agree. Raise it with any change
