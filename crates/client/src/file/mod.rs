@@ -29,10 +29,9 @@
 
 mod read;
 
-pub use read::ReadSinks;
-
-use crate::route::{unexpected, wait_ack, wait_acks, Ack, Key, Outcome};
-use crate::{Client, Error, OpenOptions, Result, WriteAck};
+use crate::options::{OpenOptions, WriteAck};
+use crate::route::{unexpected, wait_ack, wait_acks, Ack, Key, Outcome, ReadSinks};
+use crate::{Client, Error, Result};
 use bytes::{Bytes, BytesMut};
 use read::ReadAhead;
 use std::collections::VecDeque;

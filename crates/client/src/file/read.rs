@@ -3,13 +3,12 @@
 //! for the next.
 
 use super::File;
-use crate::route::ReadPart;
+use crate::route::{ReadPart, ReadSinks};
 use crate::Result;
 use bytes::{Bytes, BytesMut};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tessera_placement::{segments, Segment};
-use tessera_proto::Sink;
 
 #[derive(Default)]
 pub(super) struct ReadAhead {
@@ -49,14 +48,6 @@ impl Fetched {
             Fetched::Done { offset, len, .. } => (*offset, *len),
         }
     }
-}
-
-/// Memory for read answers, supplied by the caller: a stripe read from one replica is received
-/// straight into it, and the `Bytes` that [`File::read_at`] returns then lie in it, copied only
-/// from the socket. (The Python binding hands out `bytes` objects this way.)
-pub trait ReadSinks: Send + Sync {
-    /// A sink of at least `len` bytes, or `None` to receive into the client's own buffers.
-    fn sink(&self, len: usize) -> Option<Box<dyn Sink>>;
 }
 
 impl File {

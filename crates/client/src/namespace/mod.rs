@@ -2,8 +2,9 @@
 //! order is chosen so that a crash in the middle leaves at worst an unreachable inode, never a
 //! directory entry pointing at nothing that could be mistaken for data.
 
+use crate::options::OpenOptions;
 use crate::route::{unexpected, Key};
-use crate::{Client, Error, File, Result, WriteAck};
+use crate::{Client, Error, File, Result};
 use bytes::Bytes;
 use std::future::Future;
 use tessera_placement::{meta_partition, placed_ino, Ino, ROOT_INO};
@@ -14,63 +15,6 @@ use tessera_proto::{
 mod remove;
 
 pub use remove::{Moved, Unlinked};
-
-/// How to open a file; mirrors `std::fs::OpenOptions`.
-#[derive(Debug, Clone)]
-pub struct OpenOptions {
-    pub read: bool,
-    pub write: bool,
-    pub append: bool,
-    pub truncate: bool,
-    pub create: bool,
-    pub create_new: bool,
-    /// Permission bits for a new file (before the umask, for opens by path).
-    pub mode: u32,
-    /// When this file's writes count as done; `None`: the client's `write_ack`.
-    pub write_ack: Option<WriteAck>,
-}
-
-impl Default for OpenOptions {
-    fn default() -> Self {
-        Self {
-            read: true,
-            write: false,
-            append: false,
-            truncate: false,
-            create: false,
-            create_new: false,
-            mode: 0o666,
-            write_ack: None,
-        }
-    }
-}
-
-impl OpenOptions {
-    /// Read only.
-    #[must_use]
-    pub fn read() -> Self {
-        Self::default()
-    }
-    /// Write, creating or truncating (like `File::create`).
-    #[must_use]
-    pub fn create() -> Self {
-        Self {
-            read: false,
-            write: true,
-            truncate: true,
-            create: true,
-            ..Self::default()
-        }
-    }
-    /// Read and write an existing file.
-    #[must_use]
-    pub fn read_write() -> Self {
-        Self {
-            write: true,
-            ..Self::default()
-        }
-    }
-}
 
 /// Capacity and use of the whole cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

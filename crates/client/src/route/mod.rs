@@ -25,11 +25,13 @@ mod write;
 mod tests;
 
 pub(crate) use read::ReadPart;
+pub use read::ReadSinks;
 pub(crate) use table::{Key, Route};
 pub(crate) use write::{wait_ack, wait_acks, Ack, Outcome};
 
 use crate::lane::Lane;
-use crate::{ClientOptions, Error, Result};
+use crate::options::ClientOptions;
+use crate::{Error, Result};
 use bytes::Bytes;
 use read::NodeLoad;
 use std::collections::HashMap;

@@ -8,7 +8,7 @@ use super::transport::{Answer, Reply, Transport};
 use super::{backoff, kept_changing, retryable, unexpected, Router, MAX_ATTEMPTS};
 use crate::choose::{self, Load};
 use crate::lane::Lane;
-use crate::{Error, ReadSinks, Result};
+use crate::{Error, Result};
 use bytes::Bytes;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -25,6 +25,14 @@ const LATENCY_FRESH: Duration = Duration::from_secs(2);
 /// Latencies are compared per this many bytes read (smaller reads count as this size), so large
 /// and small reads measure a node alike.
 pub(crate) const LATENCY_UNIT: u32 = 64 << 10;
+
+/// Memory for read answers, supplied by the caller: a stripe read from one replica is received
+/// straight into it, and the `Bytes` that [`crate::File::read_at`] returns then lie in it, copied only
+/// from the socket. (The Python binding hands out `bytes` objects this way.)
+pub trait ReadSinks: Send + Sync {
+    /// A sink of at least `len` bytes, or `None` to receive into the client's own buffers.
+    fn sink(&self, len: usize) -> Option<Box<dyn Sink>>;
+}
 
 /// Read load this client puts on one node, as [`crate::choose`] ranks replicas by.
 #[derive(Default)]

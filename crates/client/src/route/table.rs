@@ -3,7 +3,8 @@
 
 use super::transport::Transport;
 use super::{unexpected, Router};
-use crate::{ClientOptions, Error, Result};
+use crate::options::ClientOptions;
+use crate::{Error, Result};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::net::SocketAddr;
