@@ -1,5 +1,7 @@
 use tessera_proto::{ErrorCode, RpcError};
 
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
 /// Errors of the client library. [`Error::errno`] gives the POSIX code a file system reports.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {

@@ -11,8 +11,9 @@
 //! * [`File`] is an open file: it aggregates small sequential writes into stripe-sized
 //!   requests, keeps many stripe requests in flight, reads ahead on sequential reads, and
 //!   publishes its size and mtime on flush and close (close-to-open consistency).
-//! * [`Lane`]: a blocking thread's own connections, on which the metadata requests of the
-//!   operations it runs through `Lane::block_on` go out and are answered (a FUSE worker).
+//! * [`Lane`]: blocking threads' own connections. A client handle on a lane
+//!   ([`Client::on_lane`]) sends its metadata requests there when its thread runs them through
+//!   `Lane::block_on`, and reads the answers itself (a FUSE worker).
 
 mod choose;
 pub mod config;
@@ -20,93 +21,24 @@ mod error;
 mod file;
 mod lane;
 mod namespace;
+mod options;
 mod path;
 mod route;
 
-pub use error::Error;
-pub use file::{File, ReadSinks};
+pub use error::{Error, Result};
+pub use file::File;
 pub use lane::Lane;
-pub use namespace::{Moved, OpenOptions, Unlinked, Usage};
+pub use namespace::{Moved, Unlinked, Usage};
+pub use options::{ClientOptions, OpenOptions, WriteAck};
+pub use route::ReadSinks;
 pub use tessera_proto::{
     DirEntry, ErrorCode, FileKind, Inode, Listed, Name, Notice, NoticeSink, SetAttr, Sink,
     Timespec, NAME_MAX, RECALL_PATIENCE,
 };
 
 use route::Router;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tessera_proto::Secret;
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// When a stripe write counts as done (see [`ClientOptions::write_ack`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum WriteAck {
-    /// When every complete replica has it: an acknowledged write survives the loss of all but
-    /// one replica.
-    #[default]
-    All,
-    /// When the primary has it; the mirrors' acknowledgements are collected later (at most
-    /// [`ClientOptions::mirror_lag`] outstanding per open file) and waited for by flush, fsync
-    /// and close. Writes return sooner; until the next flush, a write is only as safe as the
-    /// primary's node, and another client reading a mirror may see older data.
-    Primary,
-}
-
-/// How a client connects and behaves.
-#[derive(Debug, Clone)]
-pub struct ClientOptions {
-    pub manager: SocketAddr,
-    pub secret: Secret,
-    /// How long `connect` waits for a cluster that is still forming.
-    pub ready_timeout: Duration,
-    /// How long one request may go unanswered before it fails.
-    pub request_timeout: Duration,
-    /// Stripe writes one open file keeps in flight.
-    pub write_window: usize,
-    /// When a stripe write counts as done; `OpenOptions::write_ack` overrides it per file.
-    pub write_ack: WriteAck,
-    /// With [`WriteAck::Primary`]: writes of one open file whose mirror acknowledgements may
-    /// still be outstanding; beyond it, a write waits for the oldest.
-    pub mirror_lag: usize,
-    /// How long a request waits for an unreachable server to be replaced (the manager declares
-    /// it dead and publishes a table without it) before failing with EIO.
-    pub failover_timeout: Duration,
-    /// Stripes read ahead on a sequential read pattern (0 disables read-ahead).
-    pub readahead: usize,
-    /// How long a resolved directory path may be reused without asking its server again
-    /// (0 disables; like NFS's directory attribute cache).
-    pub dir_cache_ttl: Duration,
-    /// Owner given to new files and directories.
-    pub uid: u32,
-    pub gid: u32,
-    /// Applied to the mode of files and directories created by path.
-    pub umask: u32,
-}
-
-impl ClientOptions {
-    #[must_use]
-    pub fn new(manager: SocketAddr, secret: &str) -> Self {
-        // SAFETY: geteuid/getegid have no preconditions and cannot fail.
-        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        Self {
-            manager,
-            secret: Secret::new(secret),
-            ready_timeout: Duration::from_secs(30),
-            request_timeout: Duration::from_secs(60),
-            write_window: 16,
-            write_ack: WriteAck::All,
-            mirror_lag: 64,
-            failover_timeout: Duration::from_secs(15),
-            readahead: 8,
-            dir_cache_ttl: Duration::from_secs(1),
-            uid,
-            gid,
-            umask: 0o022,
-        }
-    }
-}
 
 /// A connection to a Tessera cluster. Cheap to clone; all clones share connections and caches.
 #[derive(Clone)]
@@ -114,6 +46,8 @@ pub struct Client {
     router: Arc<Router>,
     dirs: Arc<path::DirCache>,
     opts: Arc<ClientOptions>,
+    /// Where this handle's requests may go out instead of the shared connections.
+    lane: Option<Lane>,
 }
 
 impl Client {
@@ -125,6 +59,7 @@ impl Client {
             router: Arc::new(router),
             dirs: Arc::new(path::DirCache::new(opts.dir_cache_ttl)),
             opts: Arc::new(opts),
+            lane: None,
         };
         // The manager creates the root right after the table; a new cluster may not have it yet.
         loop {
@@ -160,6 +95,17 @@ impl Client {
                 gid,
                 ..(*self.opts).clone()
             }),
+            ..self.clone()
+        }
+    }
+
+    /// The same connections, this handle's requests (and those of the files it opens) going
+    /// out on `lane` when their thread runs them through [`Lane::block_on`] (see [`Lane`]);
+    /// elsewhere, on the shared connections as ever.
+    #[must_use]
+    pub fn on_lane(&self, lane: &Lane) -> Self {
+        Self {
+            lane: Some(lane.clone()),
             ..self.clone()
         }
     }

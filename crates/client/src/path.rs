@@ -1,7 +1,8 @@
 //! Path-level operations over the inode-level ones, and the short-lived directory cache that
 //! keeps path walks from asking the same directory servers again and again.
 
-use crate::{Client, Error, File, OpenOptions, Result};
+use crate::options::OpenOptions;
+use crate::{Client, Error, File, Result};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};

@@ -21,7 +21,10 @@ use tokio::runtime::Handle;
 const CHANGED_DIRS_MAX: usize = 4096;
 
 pub(crate) struct Fs {
+    /// On `lane`: its requests go out on the worker's own connections when served here.
     pub(crate) client: Client,
+    /// The FUSE workers' own connections to the servers.
+    pub(crate) lane: Lane,
     pub(crate) rt: Handle,
     /// FUSE worker threads.
     pub(crate) threads: usize,
@@ -117,15 +120,10 @@ impl OpenFile {
     }
 }
 
-thread_local! {
-    /// This FUSE worker's own connections to the servers.
-    static LANE: Lane = Lane::new();
-}
-
 impl Fs {
     /// Runs `f` on this FUSE worker, on its lane.
     pub(crate) fn here<R>(&self, f: impl Future<Output = R>) -> R {
-        LANE.with(|lane| lane.block_on(&self.rt, f))
+        self.lane.block_on(&self.rt, f)
     }
 
     /// Attributes with the size that unpublished writes through this mount's handles made.

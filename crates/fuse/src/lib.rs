@@ -2,9 +2,10 @@
 //! library (`tessera_client::Client`); nothing here talks to servers itself.
 //!
 //! Concurrency: the session runs `threads` FUSE worker threads, each on its own cloned
-//! `/dev/fuse` descriptor. A worker serves a request itself (`Fs::here`, `guard.rs`), its metadata requests
-//! going out on the worker's own connections (`tessera_client::Lane`: the worker reads the
-//! answer off the socket, one wake-up fewer per request), on at most half the workers at once
+//! `/dev/fuse` descriptor. A worker serves a request itself (`Fs::here`, `guard.rs`), its
+//! metadata requests going out on the worker's own connections (the mount's client is a handle
+//! on a `tessera_client::Lane`: the worker reads the answer off the socket, one wake-up fewer
+//! per request), on at most half the workers at once
 //! (`Fs::inline`): requests waiting on a slow server never take every worker. Past that it
 //! hands the request, with its reply, to a task on the shared tokio runtime and goes back to the
 //! kernel for the next one, so any number of requests are in flight. `write` always runs on the
@@ -37,7 +38,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
-use tessera_client::Client;
+use tessera_client::{Client, Lane};
 use tokio::runtime::Handle;
 
 mod attrs;
@@ -104,8 +105,10 @@ pub fn mount(
     } else {
         None
     };
+    let lane = Lane::new();
     let fs = TesseraFs(Arc::new(Fs {
-        client,
+        client: client.on_lane(&lane),
+        lane,
         rt,
         threads: opts.threads,
         policy,

@@ -8,12 +8,14 @@
 //!   serving loop used by the manager and the storage servers.
 //! * [`lane`]: a connection one thread uses synchronously (request, then the answer read by
 //!   that thread itself), for metadata calls whose latency is a chain of wake-ups.
+//! * [`conns`]: a set of connections, one per peer, remade once broken (client and server).
 //! * [`pool`]: reusable stripe-sized buffers, so payloads land in warm memory.
 //! * [`admit`]: a bound on a port's connections that have not proven themselves yet.
 //! * [`ratelimit`]: warnings about peers, at most one per period per kind, with a count.
 
 pub mod admit;
 pub mod auth;
+pub mod conns;
 pub mod frame;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
@@ -24,6 +26,7 @@ pub mod ratelimit;
 pub mod rpc;
 
 pub use auth::{AuthError, Secret};
+pub use conns::Conns;
 pub use frame::{FrameError, Limits};
 pub use lane::LaneConn;
 pub use msg::*;
@@ -31,7 +34,7 @@ pub use pool::BufferPool;
 pub use ratelimit::RateLimit;
 pub use rpc::{
     serve, Conn, Handler, NoticeSink, Reply, RpcClient, RpcConfig, RpcError, Sink, Waiter, Watcher,
-    FRAME_TIMEOUT, MAX_HANDSHAKING,
+    FRAME_TIMEOUT, MAX_HANDSHAKING, OUTBOX_MAX,
 };
 
 /// Version of the protocol spoken by this build; both ends must agree. Raise it with any change

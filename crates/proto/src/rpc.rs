@@ -38,6 +38,11 @@ const IO_BUF: usize = 256 << 10;
 const READ_BUF: usize = 32 << 10;
 /// Frames up to this size are written by the caller itself (see `Sender`).
 const DIRECT_MAX: usize = 64 << 10;
+/// Bytes of frames a client connection queues for its writer task. At the bound, a caller
+/// sending another request waits until the writer has put some out (backpressure, at most the
+/// connection's `request_timeout`, then `Timeout`): the queue is enough to keep the connection
+/// busy, and what a peer that reads slowly is sent no longer piles up without end.
+pub const OUTBOX_MAX: usize = 32 << 20;
 
 /// Settings shared by every connection of a process.
 #[derive(Debug)]
@@ -144,17 +149,21 @@ impl Outgoing {
 /// The sending side of a client connection. A caller writes a small frame to the socket itself
 /// when nothing is queued before it (no hand-off to another task: the lowest latency); large
 /// frames, and whatever the socket does not take at once, are queued, in order, for the
-/// writer task. The writes are
+/// writer task, up to [`OUTBOX_MAX`] bytes (`room`). The writes are
 /// non-blocking, so a caller that is cancelled never leaves half a frame behind.
 struct Sender {
     half: OwnedWriteHalf,
     queue: Mutex<Outbox>,
     wake: tokio::sync::Notify,
+    /// Woken when the writer took frames off the queue (or gave up on them).
+    room: tokio::sync::Notify,
 }
 
 #[derive(Default)]
 struct Outbox {
     frames: std::collections::VecDeque<Outgoing>,
+    /// Bytes of the frames in `frames`.
+    bytes: usize,
     /// The client is gone: the writer task sends what is queued and ends.
     closing: bool,
 }
@@ -173,10 +182,42 @@ impl Sender {
         if out.frames.is_empty() && frame.len() <= DIRECT_MAX && frame.write_some(&self.half)? {
             return Ok(());
         }
+        out.bytes += frame.len();
         out.frames.push_back(frame);
         drop(out);
         self.wake.notify_one();
         Ok(())
+    }
+
+    /// Waits until the queue holds less than [`OUTBOX_MAX`] bytes, for at most `patience`;
+    /// false if it did not come to that. Callers passing at once may each queue a frame beyond
+    /// it: the bound is exceeded by at most one frame per thread.
+    async fn room(&self, patience: Duration) -> bool {
+        if self.lock().bytes < OUTBOX_MAX {
+            return true;
+        }
+        let wait = async {
+            loop {
+                let freed = self.room.notified();
+                tokio::pin!(freed);
+                freed.as_mut().enable();
+                if self.lock().bytes < OUTBOX_MAX {
+                    return;
+                }
+                freed.await;
+            }
+        };
+        tokio::time::timeout(patience, wait).await.is_ok()
+    }
+
+    /// The writer is gone: nothing queued will go out, and callers waiting for room go on
+    /// (to find the connection closed).
+    fn abandon(&self) {
+        let mut out = self.lock();
+        out.frames.clear();
+        out.bytes = 0;
+        drop(out);
+        self.room.notify_waiters();
     }
 
     /// The writer task: drains the queue whenever the socket can take more.
@@ -186,11 +227,17 @@ impl Sender {
             loop {
                 let (empty, closing) = {
                     let mut out = self.lock();
+                    let before = out.bytes;
                     while let Some(front) = out.frames.front_mut() {
                         if !front.write_some(&self.half)? {
                             break;
                         }
+                        let len = front.len();
                         out.frames.pop_front();
+                        out.bytes -= len;
+                    }
+                    if out.bytes < before {
+                        self.room.notify_waiters();
                     }
                     (out.frames.is_empty(), out.closing)
                 };
@@ -314,11 +361,13 @@ impl RpcClient {
             half: wr,
             queue: Mutex::default(),
             wake: tokio::sync::Notify::new(),
+            room: tokio::sync::Notify::new(),
         });
         let (w_sender, w_shared) = (sender.clone(), shared.clone());
         tokio::spawn(async move {
             if let Err(e) = w_sender.run().await {
                 w_shared.close(format!("write failed: {e}"));
+                w_sender.abandon();
             }
         });
         let r_shared = shared.clone();
@@ -413,6 +462,12 @@ impl RpcClient {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let head = encode_head(id, FrameKind::Request, &header, payload.len())
             .map_err(|e| RpcError::Encode(e.to_string()))?;
+        if !self.sender.room(self.request_timeout).await {
+            return Err(RpcError::Timeout {
+                addr,
+                after: self.request_timeout,
+            });
+        }
         let (wtx, wrx) = oneshot::channel();
         {
             let mut p = self.shared.lock();

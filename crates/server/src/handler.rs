@@ -8,7 +8,6 @@
 //! empty) decides the same way everywhere. A copy being built (rebuild, migration) is filled by
 //! [`crate::sync`] pulling snapshots and deltas from the primary ([`Op::SyncPull`]).
 
-use crate::peers::Peers;
 use crate::purge;
 use crate::rename_lock::RenameLock;
 use crate::store::{Delta, Links, Snapshot, Store};
@@ -16,13 +15,14 @@ use crate::valid;
 use crate::watch::{self, Watches};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 use tessera_placement::{Epoch, Ino, NodeId, PartitionId};
 use tessera_proto::{
-    BufferPool, ClusterConfig, Conn, ErrorCode, Handler, NodeStats, Notice, Op, Reply, Request,
-    Response, RpcConfig, TableInfo, Watcher, RECALL_PATIENCE, RENAME_LEASE,
+    BufferPool, ClusterConfig, Conn, Conns, ErrorCode, Handler, NodeStats, Notice, Op, Reply,
+    Request, Response, RpcConfig, TableInfo, Watcher, RECALL_PATIENCE, RENAME_LEASE,
 };
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
@@ -72,7 +72,7 @@ pub struct NodeHandler {
     /// Wakes the sync task when a new table is installed.
     pub(crate) installed: Notify,
     load: AtomicU32,
-    pub(crate) peers: Peers,
+    pub(crate) peers: Conns<SocketAddr>,
     /// One replicated metadata change (or fencing) per partition at a time, at the primary.
     meta_locks: Vec<tokio::sync::Mutex<()>>,
     /// Callback promises made to subscribed connections, per partition.
@@ -142,7 +142,7 @@ impl NodeHandler {
             refresh: Notify::new(),
             installed: Notify::new(),
             load: AtomicU32::new(0),
-            peers: Peers::new(rpc),
+            peers: Conns::new(rpc),
             meta_locks: (0..config.partitions)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
@@ -625,7 +625,7 @@ impl NodeHandler {
             .find(|a| a.id == n)
             .map(|a| a.addr)
             .ok_or_else(|| format!("node {n} has no address in the table"))?;
-        let conn = self.peers.get(addr).await.map_err(|e| e.to_string())?;
+        let conn = self.peers.to(addr).await.map_err(|e| e.to_string())?;
         conn.call(req, Bytes::new())
             .await
             .map_err(|e| e.to_string())

@@ -4,7 +4,6 @@
 //! servers ([`sync`]); registers with the manager and reports its statistics in heartbeats.
 
 pub mod handler;
-mod peers;
 mod purge;
 mod rename_lock;
 pub mod store;

@@ -125,7 +125,7 @@ async fn copy(
     let epoch = h.epoch().unwrap_or(0);
     let conn = h
         .peers
-        .get(manager)
+        .to(manager)
         .await
         .map_err(|e| SyncError::Failed(format!("manager unreachable: {e}")))?;
     let req = Request::SyncDone {
@@ -213,7 +213,7 @@ async fn pull_round(
         };
         let conn = h
             .peers
-            .get(addr)
+            .to(addr)
             .await
             .map_err(|e| SyncError::Failed(format!("source node {source} unreachable: {e}")))?;
         let (resp, data) = conn

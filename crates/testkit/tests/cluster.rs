@@ -412,7 +412,7 @@ fn hear(
     }
 }
 
-/// A lane (a blocking thread's own connections, as each FUSE worker keeps) carries lookups, and
+/// A lane (blocking threads' own connections, as the FUSE workers keep) carries lookups, and
 /// the promises its answers make reach the client's subscribed connection: a name looked up
 /// absent through a lane is told when another client creates it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -422,7 +422,7 @@ async fn answers_on_a_lane_are_promised_to_the_subscribed_connection() -> Result
     let (rt, c) = (tokio::runtime::Handle::current(), watcher.clone());
     let (lane, absent) = tokio::task::spawn_blocking(move || {
         let lane = Lane::new();
-        let absent = lane.block_on(&rt, c.lookup(ROOT, b"late"));
+        let absent = lane.block_on(&rt, c.on_lane(&lane).lookup(ROOT, b"late"));
         (lane, absent)
     })
     .await?;
@@ -458,6 +458,7 @@ async fn random_reads_on_a_lane_read_the_file() -> Result<()> {
     let rt = tokio::runtime::Handle::current();
     let (lane, reads) = tokio::task::spawn_blocking(move || {
         let lane = Lane::new();
+        let c = c.on_lane(&lane);
         let mut rng = StdRng::seed_from_u64(11);
         let reads = lane.block_on(&rt, async move {
             let mut f = c.open("/r", &OpenOptions::read()).await?;
@@ -577,6 +578,7 @@ async fn small_files_closed_on_a_lane_read_back_elsewhere() -> Result<()> {
         let sizes = sizes.clone();
         tokio::task::spawn_blocking(move || {
             let lane = Lane::new();
+            let writer = writer.on_lane(&lane);
             let written = lane.block_on(&rt, async move {
                 for (k, &len) in sizes.iter().enumerate() {
                     let data = pattern(k as u64, 0, len);

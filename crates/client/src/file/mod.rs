@@ -27,14 +27,18 @@
 //! once the bytes under it are stored, and attributes are fetched at open: close-to-open
 //! consistency, as NFS gives.
 
-use crate::route::{unexpected, wait_ack, wait_acks, Ack, Key, Outcome, ReadPart};
-use crate::{Client, Error, OpenOptions, Result, WriteAck};
+mod read;
+
+use crate::options::{OpenOptions, WriteAck};
+use crate::route::{unexpected, wait_ack, wait_acks, Ack, Key, Outcome, ReadSinks};
+use crate::{Client, Error, Result};
 use bytes::{Bytes, BytesMut};
-use std::collections::{BTreeMap, VecDeque};
+use read::ReadAhead;
+use std::collections::VecDeque;
 use std::io::SeekFrom;
 use std::sync::Arc;
-use tessera_placement::{segments, Ino, Segment};
-use tessera_proto::{ErrorCode, Inode, Op, Response, SetAttr, Sink, Timespec};
+use tessera_placement::{segments, Ino};
+use tessera_proto::{ErrorCode, Inode, Op, Response, SetAttr, Timespec};
 use tracing::warn;
 
 /// A stripe write not yet acknowledged by every replica.
@@ -96,54 +100,6 @@ impl Lost {
     fn first(&self) -> Option<u64> {
         self.ranges.iter().map(|&(a, _)| a).min()
     }
-}
-
-#[derive(Default)]
-struct ReadAhead {
-    /// Where the next read starts if the pattern is sequential.
-    next: u64,
-    /// Whole stripes fetched ahead of the reader, and the rest of a stripe a read took only
-    /// part of (reads smaller than a stripe, or not aligned to one, take it piece by piece).
-    stripes: BTreeMap<u64, Vec<Fetched>>,
-}
-
-/// One part of a stripe read: its answer still to come, or come.
-enum Fetched {
-    Pending(Box<ReadPart>),
-    Done { offset: u32, len: u32, data: Bytes },
-}
-
-/// Do the ranges `parts` asked for cover all of `seg`? What they do not cover would read as a
-/// hole.
-fn covers(parts: &[Fetched], seg: &Segment) -> bool {
-    let mut spans: Vec<(u32, u32)> = parts.iter().map(Fetched::span).collect();
-    spans.sort_unstable();
-    let mut to = seg.offset;
-    for (offset, len) in spans {
-        if offset > to {
-            break;
-        }
-        to = to.max(offset + len);
-    }
-    to >= seg.offset + seg.len
-}
-
-impl Fetched {
-    /// The bytes of the stripe asked for: `offset..offset + len`.
-    fn span(&self) -> (u32, u32) {
-        match self {
-            Fetched::Pending(p) => (p.offset, p.len),
-            Fetched::Done { offset, len, .. } => (*offset, *len),
-        }
-    }
-}
-
-/// Memory for read answers, supplied by the caller: a stripe read from one replica is received
-/// straight into it, and the `Bytes` that [`File::read_at`] returns then lie in it, copied only
-/// from the socket. (The Python binding hands out `bytes` objects this way.)
-pub trait ReadSinks: Send + Sync {
-    /// A sink of at least `len` bytes, or `None` to receive into the client's own buffers.
-    fn sink(&self, len: usize) -> Option<Box<dyn Sink>>;
 }
 
 /// An open file of a Tessera cluster. Close it with [`File::close`] to learn about errors;
@@ -296,7 +252,7 @@ impl File {
         if data.is_empty() {
             return Ok(0);
         }
-        self.ahead.stripes.clear();
+        self.drop_read_ahead();
         for seg in segments(offset, data.len(), self.stripe as u32) {
             let piece = &data[seg.buf_offset..seg.buf_offset + seg.len as usize];
             let at = offset + seg.buf_offset as u64;
@@ -511,8 +467,8 @@ impl File {
     /// new size before the bytes. If the write fails for good, the size is taken back before
     /// the flush answers (`InodeRetract`), unless another writer moved it since.
     ///
-    /// On a FUSE worker, when the write has one replica and it is not on the inode's node, the
-    /// write and the size go out on the worker's lane, and the worker reads both answers
+    /// Run on a lane (a FUSE worker's, see [`crate::Lane`]), when the write has one replica
+    /// and it is not on the inode's node, the write and the size go out on the worker's lane, and the worker reads both answers
     /// itself, with no hand-off to the runtime's tasks. `None`: not such a flush, nothing done.
     async fn flush_beside(&mut self) -> Option<Result<()>> {
         if !self.inflight.is_empty()
@@ -535,10 +491,15 @@ impl File {
         let router = &client.router;
         let before = self.base;
         let size = self.reach();
-        let (published, stored) = match router
-            .send_write_on_lane(key, &op, &data, Key::Meta(self.ino))
-            .await
-        {
+        let on_lane = match &client.lane {
+            Some(lane) => {
+                router
+                    .send_write_on_lane(lane, key, &op, &data, Key::Meta(self.ino))
+                    .await
+            }
+            None => None,
+        };
+        let (published, stored) = match on_lane {
             Some(sent) => {
                 let published = self.publish().await;
                 let stored = router.finish_lane_write(sent, key, &op, &data).await;
@@ -635,168 +596,6 @@ impl File {
         }
     }
 
-    /// Forgets what was read ahead: another handle changed the file.
-    pub fn drop_read_ahead(&mut self) {
-        self.ahead.stripes.clear();
-    }
-
-    /// Reads up to `len` bytes at `offset`; shorter only at the end of the file.
-    pub async fn read_at(&mut self, offset: u64, len: usize) -> Result<Bytes> {
-        self.check(false)?;
-        self.drain().await?;
-        if offset >= self.size || len == 0 {
-            return Ok(Bytes::new());
-        }
-        let len = (self.size - offset).min(len as u64) as usize;
-        let sequential = offset == self.ahead.next;
-        self.ahead.next = offset + len as u64;
-        let segs: Vec<Segment> = segments(offset, len, self.stripe as u32).collect();
-        let last = segs[segs.len() - 1].stripe;
-        // Ask for every piece before waiting for any: a stripe read ahead, or a fetch of just
-        // the piece.
-        let mut fetches = Vec::with_capacity(segs.len());
-        for seg in &segs {
-            let parts = match self.ahead.stripes.remove(&seg.stripe) {
-                Some(parts) if covers(&parts, seg) => parts,
-                // A sequential reader's next read starts where this one ends: it gets the
-                // rest of the stripe too.
-                _ if sequential && self.client.opts.readahead > 0 => {
-                    let len = self.stripe_len(seg.stripe) - seg.offset;
-                    self.fetch(seg.stripe, seg.offset, len).await?
-                }
-                _ if segs.len() == 1 => self.fetch_alone(seg).await?,
-                _ => self.fetch(seg.stripe, seg.offset, seg.len).await?,
-            };
-            fetches.push(parts);
-        }
-        self.ahead.stripes.retain(|&s, _| s > last);
-        if sequential && self.client.opts.readahead > 0 {
-            let end_stripe = self.size.div_ceil(self.stripe);
-            for s in last + 1..(last + 1 + self.client.opts.readahead as u64).min(end_stripe) {
-                if self.ahead.stripes.contains_key(&s) {
-                    continue;
-                }
-                // A lost partition ahead is the reader's error only if it gets there.
-                if let Ok(mut parts) = self.fetch(s, 0, self.stripe_len(s)).await {
-                    for part in &mut parts {
-                        if let Fetched::Pending(p) = part {
-                            p.detach();
-                        }
-                    }
-                    self.ahead.stripes.insert(s, parts);
-                }
-            }
-        }
-        let mut out: Option<BytesMut> = None;
-        for (seg, mut parts) in segs.iter().zip(fetches) {
-            let mut got = self.finish_fetch(seg, &mut parts).await?;
-            // What the stripe holds past this read stays for the next one.
-            let end = seg.offset + seg.len;
-            if parts.iter().any(|p| p.span().0 + p.span().1 > end) {
-                self.ahead.stripes.insert(seg.stripe, parts);
-            }
-            if segs.len() == 1 && got.len() == 1 && got[0].0 == 0 && got[0].1.len() == len {
-                return Ok(got.swap_remove(0).1); // the common aligned case: no copy
-            }
-            let buf = out.get_or_insert_with(|| BytesMut::with_capacity(len));
-            for (at, data) in got {
-                buf.resize(seg.buf_offset + at, 0); // a hole reads as zeros
-                buf.extend_from_slice(&data);
-            }
-            buf.resize(seg.buf_offset + seg.len as usize, 0);
-        }
-        Ok(out.map(BytesMut::freeze).unwrap_or_default())
-    }
-
-    /// The bytes of stripe `s` below the end of the file: a read of the last stripe asks
-    /// only for those, so an answer of the asked length fills its sink exactly.
-    fn stripe_len(&self, s: u64) -> u32 {
-        (self.size.saturating_sub(s * self.stripe)).min(self.stripe) as u32
-    }
-
-    /// Sends the read of bytes `offset..offset + len` of a stripe (in one or two parts).
-    async fn fetch(&self, stripe: u64, offset: u32, len: u32) -> Result<Vec<Fetched>> {
-        let parts = self
-            .client
-            .router
-            .send_read(self.ino, stripe, offset, len, self.sinks.as_deref())
-            .await?;
-        Ok(parts
-            .into_iter()
-            .map(|p| Fetched::Pending(Box::new(p)))
-            .collect())
-    }
-
-    /// The only piece a read needs: on the thread's lane when it has one and the caller
-    /// supplies no memory (`Router::read_on_lane`), else as `fetch`.
-    async fn fetch_alone(&self, seg: &Segment) -> Result<Vec<Fetched>> {
-        let on_lane = match self.sinks {
-            Some(_) => None,
-            None => {
-                let router = &self.client.router;
-                router
-                    .read_on_lane(self.ino, seg.stripe, seg.offset, seg.len)
-                    .await
-            }
-        };
-        match on_lane {
-            Some(data) => Ok(vec![Fetched::Done {
-                offset: seg.offset,
-                len: seg.len,
-                data: data?,
-            }]),
-            None => self.fetch(seg.stripe, seg.offset, seg.len).await,
-        }
-    }
-
-    /// Receive read answers into memory from `sinks` from now on.
-    pub fn set_read_sinks(&mut self, sinks: Arc<dyn ReadSinks>) {
-        self.sinks = Some(sinks);
-    }
-
-    /// The bytes of `seg` from `parts`, fetched reads covering it (a read ahead covers the
-    /// whole stripe, up to the end of the file): slices of the answers, each with where it
-    /// starts in `seg`, in order. The parts overlapping `seg` are waited for (a failed one is
-    /// read again from another replica) and kept as answered; the others are not waited for.
-    async fn finish_fetch(
-        &self,
-        seg: &Segment,
-        parts: &mut [Fetched],
-    ) -> Result<Vec<(usize, Bytes)>> {
-        let (start, end) = (seg.offset, seg.offset + seg.len);
-        let mut got = Vec::with_capacity(parts.len());
-        for part in parts.iter_mut() {
-            let (base, len) = part.span();
-            if base >= end || base + len <= start {
-                continue;
-            }
-            let placeholder = Fetched::Done {
-                offset: base,
-                len,
-                data: Bytes::new(),
-            };
-            let data = match std::mem::replace(part, placeholder) {
-                Fetched::Pending(p) => self.client.router.finish_read(*p).await?,
-                Fetched::Done { data, .. } => data,
-            };
-            *part = Fetched::Done {
-                offset: base,
-                len,
-                data: data.clone(),
-            };
-            // The answer may be short (a hole at the stripe's end): keep what lies in `seg`.
-            let from = start.max(base);
-            let to = end.min(base + data.len() as u32);
-            if from < to {
-                got.push((
-                    (from - start) as usize,
-                    data.slice((from - base) as usize..(to - base) as usize),
-                ));
-            }
-        }
-        Ok(got)
-    }
-
     /// Reads from the cursor into `buf`; returns 0 at the end of the file.
     pub async fn read(&mut self, buf: &mut [u8]) -> Result<usize> {
         let data = self.read_at(self.pos, buf.len()).await?;
@@ -843,7 +642,7 @@ impl File {
     pub async fn set_len(&mut self, size: u64) -> Result<()> {
         self.check(true)?;
         self.drain().await?;
-        self.ahead.stripes.clear();
+        self.drop_read_ahead();
         // What was written past the new size must not be published again.
         self.extent = None;
         self.lost = Lost::default();

@@ -1,0 +1,268 @@
+//! Routing: the cached partition table, the connections to the servers, the choice of
+//! replica, and the retry and failover rules. [`Router`] is put together from:
+//!
+//! * [`table`]: the table and the link to the manager (refresh, waiting out a failover);
+//! * [`transport`]: how requests reach the servers (one connection per server, shared);
+//! * [`write`]: stripe writes go to every complete replica at once, with one epoch;
+//! * [`read`]: reads go to the replica this client measures as least loaded
+//!   ([`crate::choose`]), a large read split over two, a late one hedged; a read failing on
+//!   one replica is retried at once on another, then with a fresh table;
+//! * here: metadata goes to the partition's primary, which forwards changes to the mirrors
+//!   itself, and node-wide requests to every node.
+//!
+//! A node that cannot be reached is waited out: the table is fetched every
+//! `FAILOVER_POLL` until the manager removed the node (declared dead) or `failover_timeout`
+//! passes, then the request goes to the new table's replicas. A partition with no replica left
+//! is lost: its requests fail at once with `Lost` (EIO). A caller may send its requests on a
+//! lane of its own ([`crate::Lane`]), passed to the calls that can use one.
+
+mod read;
+mod table;
+mod transport;
+mod write;
+
+#[cfg(test)]
+mod tests;
+
+pub(crate) use read::ReadPart;
+pub use read::ReadSinks;
+pub(crate) use table::{Key, Route};
+pub(crate) use write::{wait_ack, wait_acks, Ack, Outcome};
+
+use crate::lane::Lane;
+use crate::options::ClientOptions;
+use crate::{Error, Result};
+use bytes::Bytes;
+use read::NodeLoad;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use table::{lists, lists_anywhere, Manager};
+use tessera_placement::NodeId;
+use tessera_proto::{BufferPool, Conns, ErrorCode, NoticeSink, Op, Request, Response, TableInfo};
+use tracing::debug;
+use transport::{Reply, Transport};
+
+/// Attempts for one request before giving up (stale epochs, a cluster still settling).
+const MAX_ATTEMPTS: u32 = 40;
+
+pub(crate) struct Router<T = Conns<NodeId>> {
+    manager: Manager,
+    transport: T,
+    failover_timeout: Duration,
+    route: RwLock<Arc<Route>>,
+    loads: Mutex<HashMap<NodeId, Arc<NodeLoad>>>,
+    refreshing: tokio::sync::Mutex<()>,
+    /// When the table was last fetched (requests waiting out a failover share fetches).
+    fetched: Mutex<Instant>,
+}
+
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis((2u64 << attempt.min(7)).min(250))
+}
+
+fn kept_changing() -> Error {
+    Error::Unavailable("the partition table kept changing; giving up".into())
+}
+
+impl Router {
+    pub async fn connect(opts: &ClientOptions) -> Result<Self> {
+        let (manager, info) = Manager::connect(opts).await?;
+        let conns = Conns::new(manager.rpc().clone());
+        Ok(Self::new(manager, info, conns, opts.failover_timeout))
+    }
+}
+
+impl<T: Transport> Router<T> {
+    fn new(manager: Manager, info: TableInfo, transport: T, failover_timeout: Duration) -> Self {
+        Self {
+            manager,
+            transport,
+            failover_timeout,
+            route: RwLock::new(Arc::new(Route::new(info))),
+            loads: Mutex::default(),
+            refreshing: tokio::sync::Mutex::new(()),
+            fetched: Mutex::new(Instant::now()),
+        }
+    }
+
+    pub fn pool(&self) -> &BufferPool {
+        &self.manager.rpc().pool
+    }
+
+    /// From now on, server connections are subscribed and deliver notices to `sink`; the
+    /// connections made before are dropped (new ones replace them as needed). Once only.
+    pub fn subscribe(&self, sink: NoticeSink) -> Result<()> {
+        if !self.transport.subscribe(sink) {
+            return Err(Error::Invalid("this client is subscribed already".into()));
+        }
+        Ok(())
+    }
+
+    /// Can `node` be reached? (`Unavailable` if not.)
+    async fn reach(&self, route: &Route, node: NodeId) -> Result<()> {
+        self.transport.reach(node, route.addr(node)?).await
+    }
+
+    /// Sends `req` to `node` and waits for the answer; an unreachable node is `Unavailable`.
+    async fn ask(
+        &self,
+        route: &Route,
+        node: NodeId,
+        req: &Request,
+        payload: Bytes,
+    ) -> Result<(Response, Bytes)> {
+        let addr = route.addr(node)?;
+        let reply = self.transport.send(node, addr, req, payload, None).await?;
+        Ok(reply.wait().await?)
+    }
+
+    /// Sends `op` for `key` to its partition's primary and waits, retrying across table
+    /// changes, reconnects and failovers; on `lane` when given and this thread may use it.
+    pub async fn call(
+        &self,
+        lane: Option<&Lane>,
+        key: Key,
+        op: Op,
+        payload: Bytes,
+    ) -> Result<(Response, Bytes)> {
+        self.call_ex(lane, key, op, payload).await.0
+    }
+
+    /// [`Self::call`], also telling whether the request may have been applied by a server that
+    /// then failed to answer (it was re-sent after a lost connection or a timeout): a
+    /// non-idempotent operation may then find its own effect.
+    pub async fn call_ex(
+        &self,
+        lane: Option<&Lane>,
+        key: Key,
+        op: Op,
+        payload: Bytes,
+    ) -> (Result<(Response, Bytes)>, bool) {
+        let mut req = Request::Op { epoch: 0, op };
+        let mut maybe_applied = false;
+        let mut since = None;
+        for attempt in 0..MAX_ATTEMPTS {
+            let route = self.route();
+            if let Request::Op { epoch, .. } = &mut req {
+                *epoch = route.epoch();
+            }
+            let node = match route.primary(key) {
+                Ok(n) => n,
+                Err(e) => return (Err(e), maybe_applied),
+            };
+            let answer = self
+                .exchange(lane, &route, node, &req, &payload, &mut maybe_applied)
+                .await;
+            match answer {
+                Ok((Response::Error(e), _)) if retryable(&e) => {
+                    if let Err(e) = self.refresh(route.epoch()).await {
+                        return (Err(e), maybe_applied);
+                    }
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                Ok((Response::Error(e), _)) => return (Err(e.into()), maybe_applied),
+                Ok(ok) => return (Ok(ok), maybe_applied),
+                Err(Error::Unavailable(why)) => {
+                    debug!(node, "request failed: {why}");
+                    let p = route.partition(key);
+                    let since = *since.get_or_insert_with(Instant::now);
+                    if let Err(e) = self
+                        .await_failover(&[node], |t, n| !lists(t, n, p), since, "request")
+                        .await
+                    {
+                        return (Err(e), maybe_applied);
+                    }
+                }
+                Err(e) => return (Err(e), maybe_applied),
+            }
+        }
+        (Err(kept_changing()), maybe_applied)
+    }
+
+    /// One request to `node` and its answer: on `lane` if given and it can take it, else on
+    /// the shared connection. `maybe_applied` is set if it was sent but not answered.
+    async fn exchange(
+        &self,
+        lane: Option<&Lane>,
+        route: &Route,
+        node: NodeId,
+        req: &Request,
+        payload: &Bytes,
+        maybe_applied: &mut bool,
+    ) -> Result<(Response, Bytes)> {
+        let addr = route.addr(node)?;
+        let answer = match lane {
+            Some(lane) => self
+                .transport
+                .send_on_lane(lane, node, addr, req, payload)
+                .await?
+                .map(|sent| sent.and_then(|sent| lane.answer(sent))),
+            None => None,
+        };
+        let answer = match answer {
+            Some(answer) => answer,
+            None => {
+                let reply = self
+                    .transport
+                    .send(node, addr, req, payload.clone(), None)
+                    .await?;
+                reply.wait().await
+            }
+        };
+        *maybe_applied |= answer.is_err();
+        answer.map_err(Error::from)
+    }
+
+    /// Sends a node-wide `op` to every node in the table (holding or receiving partitions) and
+    /// waits for all. A node that cannot be reached is waited out until the manager removes it
+    /// from the table; the op is then sent again to the new table's nodes (it is idempotent).
+    pub async fn broadcast(&self, op: Op) -> Result<()> {
+        let mut since = None;
+        for attempt in 0..MAX_ATTEMPTS {
+            let route = self.route();
+            let req = Request::Op {
+                epoch: route.epoch(),
+                op: op.clone(),
+            };
+            let replies =
+                futures::future::join_all(route.info.table.nodes().into_iter().map(|node| {
+                    let (route, req) = (&route, &req);
+                    async move { (node, self.ask(route, node, req, Bytes::new()).await) }
+                }))
+                .await;
+            let (mut stale, mut down) = (false, Vec::new());
+            for (node, reply) in replies {
+                match reply {
+                    Ok((Response::Error(e), _)) if retryable(&e) => stale = true,
+                    Ok((Response::Error(e), _)) => return Err(e.into()),
+                    Ok(_) => {}
+                    Err(Error::Unavailable(why)) => {
+                        debug!(node, "broadcast failed: {why}");
+                        down.push(node);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            if !down.is_empty() {
+                let since = *since.get_or_insert_with(Instant::now);
+                self.await_failover(&down, |t, n| !lists_anywhere(t, n), since, "broadcast")
+                    .await?;
+            } else if stale {
+                self.refresh(route.epoch()).await?;
+                tokio::time::sleep(backoff(attempt)).await;
+            } else {
+                return Ok(());
+            }
+        }
+        Err(kept_changing())
+    }
+}
+
+pub(crate) fn retryable(e: &ErrorCode) -> bool {
+    matches!(e, ErrorCode::StaleEpoch { .. } | ErrorCode::NotReady(_))
+}
+
+pub(crate) fn unexpected(r: &Response) -> Error {
+    Error::Unavailable(format!("unexpected answer from the cluster: {r:?}"))
+}

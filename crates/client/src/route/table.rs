@@ -1,0 +1,274 @@
+//! The cached partition table ([`Route`]) and the link to the manager it comes from: the
+//! first fetch, refreshes after a stale answer, and the wait for a failover.
+
+use super::transport::Transport;
+use super::{unexpected, Router};
+use crate::options::ClientOptions;
+use crate::{Error, Result};
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
+use tessera_placement::{
+    meta_partition, stripe_partition, Epoch, Ino, NodeId, PartitionId, PartitionTable,
+};
+use tessera_proto::{
+    BufferPool, ClusterConfig, ClusterStatus, ErrorCode, Notice, Request, Response, RpcClient,
+    RpcConfig, TableInfo,
+};
+use tracing::debug;
+
+/// How often the table is fetched again while waiting for the manager to declare an unreachable
+/// node dead (it does after about 2 s of missed heartbeats).
+pub(super) const FAILOVER_POLL: Duration = Duration::from_millis(150);
+
+/// What a request is routed by.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Key {
+    Stripe(Ino, u64),
+    Meta(Ino),
+}
+
+pub(crate) struct Route {
+    pub info: TableInfo,
+    addrs: HashMap<NodeId, SocketAddr>,
+}
+
+impl Route {
+    pub(super) fn new(info: TableInfo) -> Self {
+        let addrs = info.nodes.iter().map(|n| (n.id, n.addr)).collect();
+        Self { info, addrs }
+    }
+
+    pub fn epoch(&self) -> Epoch {
+        self.info.table.epoch()
+    }
+
+    pub fn partition(&self, key: Key) -> PartitionId {
+        let p = self.info.config.partitions;
+        match key {
+            Key::Stripe(file, stripe) => stripe_partition(file, stripe, p),
+            Key::Meta(ino) => meta_partition(ino, p),
+        }
+    }
+
+    /// The complete replicas of `key`'s partition, primary first; `Lost` (EIO) if none is left.
+    pub fn replicas(&self, key: Key) -> Result<&[NodeId]> {
+        let p = self.partition(key);
+        match self.info.table.all().get(p as usize) {
+            Some(list) if !list.is_empty() => Ok(list),
+            _ => Err(ErrorCode::Lost(p).into()),
+        }
+    }
+
+    /// The node metadata requests for `key` go to: the partition's primary.
+    pub fn primary(&self, key: Key) -> Result<NodeId> {
+        Ok(self.replicas(key)?[0])
+    }
+
+    /// Where `node` listens.
+    pub fn addr(&self, node: NodeId) -> Result<SocketAddr> {
+        self.addrs
+            .get(&node)
+            .copied()
+            .ok_or_else(|| Error::Unavailable(format!("node {node} is not in the partition table")))
+    }
+}
+
+/// Does `table` still list `node` for partition `p` (complete or receiving)?
+pub(super) fn lists(table: &PartitionTable, node: NodeId, p: PartitionId) -> bool {
+    table.holds(node, p) || table.receives(node, p)
+}
+
+/// Does `table` list `node` anywhere?
+pub(super) fn lists_anywhere(table: &PartitionTable, node: NodeId) -> bool {
+    table
+        .all()
+        .iter()
+        .chain(table.all_incoming())
+        .any(|l| l.contains(&node))
+}
+
+/// The connection to the manager, remade when it breaks.
+pub(crate) struct Manager {
+    addr: SocketAddr,
+    rpc: Arc<RpcConfig>,
+    conn: tokio::sync::Mutex<Option<Arc<RpcClient>>>,
+}
+
+impl Manager {
+    /// Connects to the manager and fetches the table, waiting (up to `ready_timeout`) for a
+    /// cluster that is still forming. The settings returned are those of every connection
+    /// after it: their receive pool is sized to the cluster's stripes.
+    pub(super) async fn connect(opts: &ClientOptions) -> Result<(Self, TableInfo)> {
+        let mut rpc = RpcConfig::new(opts.secret.clone(), Arc::new(BufferPool::new(1 << 20, 64)));
+        rpc.request_timeout = opts.request_timeout;
+        let deadline = Instant::now() + opts.ready_timeout;
+        // A manager that is still starting refuses connections: keep trying until the deadline;
+        // a refused handshake (wrong secret) is final.
+        let manager = loop {
+            match RpcClient::connect(opts.manager, &rpc).await {
+                Ok(c) => break Arc::new(c),
+                Err(e @ tessera_proto::RpcError::Connect { .. }) if Instant::now() < deadline => {
+                    debug!("manager not reachable yet: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let info = loop {
+            match manager.call(&Request::GetTable, Bytes::new()).await?.0 {
+                Response::Table(info) => break info,
+                Response::Error(ErrorCode::NotReady(why)) => {
+                    if Instant::now() > deadline {
+                        return Err(Error::Unavailable(format!(
+                            "cluster at {} not ready after {:?}: {why}",
+                            opts.manager, opts.ready_timeout
+                        )));
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                other => return Err(unexpected(&other)),
+            }
+        };
+        rpc.pool = Arc::new(BufferPool::new(info.config.stripe_size as usize, 64));
+        Ok((Self::new(opts.manager, Arc::new(rpc), Some(manager)), info))
+    }
+
+    pub(super) fn new(addr: SocketAddr, rpc: Arc<RpcConfig>, conn: Option<Arc<RpcClient>>) -> Self {
+        Self {
+            addr,
+            rpc,
+            conn: tokio::sync::Mutex::new(conn),
+        }
+    }
+
+    /// The settings of the client's connections.
+    pub(super) fn rpc(&self) -> &Arc<RpcConfig> {
+        &self.rpc
+    }
+
+    async fn call(&self, req: &Request) -> Result<Response> {
+        let mut guard = self.conn.lock().await;
+        for _ in 0..2 {
+            let conn = match guard.as_ref() {
+                Some(c) if !c.is_closed() => c.clone(),
+                _ => {
+                    let c = Arc::new(RpcClient::connect(self.addr, &self.rpc).await?);
+                    *guard = Some(c.clone());
+                    c
+                }
+            };
+            match conn.call(req, Bytes::new()).await {
+                Ok((resp, _)) => return Ok(resp),
+                Err(e) => {
+                    debug!("manager call failed, reconnecting: {e}");
+                    *guard = None;
+                }
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "manager at {} is not answering",
+            self.addr
+        )))
+    }
+}
+
+impl<T: Transport> Router<T> {
+    pub fn route(&self) -> Arc<Route> {
+        self.route
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub fn config(&self) -> ClusterConfig {
+        self.route().info.config
+    }
+
+    pub async fn status(&self) -> Result<ClusterStatus> {
+        match self.manager.call(&Request::GetStatus).await? {
+            Response::Status(s) => Ok(s),
+            Response::Error(e) => Err(e.into()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Fetches the table again unless someone already did since we saw `seen`.
+    pub async fn refresh(&self, seen: Epoch) -> Result<()> {
+        self.fetch_table(seen, Duration::ZERO).await
+    }
+
+    /// Fetches the table unless its epoch is no longer `seen` or it was fetched less than
+    /// `fresh` ago.
+    async fn fetch_table(&self, seen: Epoch, fresh: Duration) -> Result<()> {
+        let _one_at_a_time = self.refreshing.lock().await;
+        if self.route().epoch() != seen {
+            return Ok(());
+        }
+        let last = *self.fetched.lock().unwrap_or_else(PoisonError::into_inner);
+        if !fresh.is_zero() && last.elapsed() < fresh {
+            return Ok(());
+        }
+        let resp = self.manager.call(&Request::GetTable).await?;
+        *self.fetched.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        match resp {
+            Response::Table(info) => {
+                if info.table.epoch() != seen {
+                    debug!(
+                        from = seen,
+                        to = info.table.epoch(),
+                        "partition table refreshed"
+                    );
+                    // Promises were made by the partitions' old primaries.
+                    if let Some(sink) = self.transport.notices() {
+                        sink.deliver(Notice::Reset);
+                    }
+                }
+                *self.route.write().unwrap_or_else(PoisonError::into_inner) =
+                    Arc::new(Route::new(info));
+                Ok(())
+            }
+            Response::Error(ErrorCode::NotReady(_)) => Ok(()),
+            Response::Error(e) => Err(e.into()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// `nodes` could not be reached. Waits until the manager declared one of them dead (`gone`
+    /// holds on a fresh table: a new epoch without it), or one accepts a connection again (a
+    /// broken connection, a restarted server), looking every [`FAILOVER_POLL`]; fails with
+    /// `Unavailable` (EIO) once `failover_timeout` has passed since `since`.
+    pub(super) async fn await_failover(
+        &self,
+        nodes: &[NodeId],
+        gone: impl Fn(&PartitionTable, NodeId) -> bool,
+        since: Instant,
+        what: &str,
+    ) -> Result<()> {
+        loop {
+            let seen = self.route().epoch();
+            if let Err(e) = self.fetch_table(seen, FAILOVER_POLL / 2).await {
+                debug!("table refresh during failover failed: {e}");
+            }
+            let route = self.route();
+            if nodes.iter().any(|&n| gone(&route.info.table, n)) {
+                return Ok(());
+            }
+            for &n in nodes {
+                if let Ok(Ok(())) = tokio::time::timeout(FAILOVER_POLL, self.reach(&route, n)).await
+                {
+                    return Ok(());
+                }
+            }
+            if since.elapsed() >= self.failover_timeout {
+                return Err(Error::Unavailable(format!(
+                    "{what}: node {nodes:?} unreachable for {:?} and still in the partition table",
+                    self.failover_timeout
+                )));
+            }
+            tokio::time::sleep(FAILOVER_POLL).await;
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! The read and write paths over an in-memory transport: servers that answer at once, never
+//! (a slow node), or cannot be reached (a dead one), and a log of what each was sent.
+
+use super::table::{Key, Manager};
+use super::transport::{Answer, Reply, Transport};
+use super::Router;
+use crate::lane::{Lane, Sent};
+use crate::{Error, Result};
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use tessera_placement::{NodeId, PartitionTable};
+use tessera_proto::{
+    BufferPool, ClusterConfig, NodeAddr, NoticeSink, Op, Request, Response, RpcConfig, RpcError,
+    Secret, Sink, TableInfo,
+};
+
+const PARTITIONS: u32 = 4;
+const STRIPE: u32 = 1 << 20;
+const FILE: u64 = 7;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Node {
+    Up,
+    /// Takes requests and never answers (the test ends first).
+    Slow,
+    /// Cannot be reached.
+    Dead,
+}
+
+#[derive(Default)]
+struct Memory {
+    nodes: Mutex<HashMap<NodeId, Node>>,
+    /// Every request queued, with its node, in order.
+    sent: Mutex<Vec<(NodeId, Op)>>,
+    notices: OnceLock<NoticeSink>,
+}
+
+struct MemReply(Pin<Box<dyn Future<Output = Answer> + Send>>);
+
+impl Reply for MemReply {
+    fn wait(self) -> impl Future<Output = Answer> + Send {
+        self.0
+    }
+}
+
+impl Memory {
+    fn set(&self, node: NodeId, state: Node) {
+        self.nodes.lock().unwrap().insert(node, state);
+    }
+
+    fn sent(&self) -> Vec<(NodeId, Op)> {
+        self.sent.lock().unwrap().clone()
+    }
+
+    fn state(&self, node: NodeId) -> Node {
+        *self.nodes.lock().unwrap().get(&node).unwrap_or(&Node::Up)
+    }
+}
+
+/// The bytes `node` holds: every byte is its id, so a read tells who served it.
+fn served_by(node: NodeId, len: u32) -> Bytes {
+    Bytes::from(vec![node as u8; len as usize])
+}
+
+impl Transport for Memory {
+    type Reply = MemReply;
+
+    async fn send(
+        &self,
+        node: NodeId,
+        _addr: SocketAddr,
+        req: &Request,
+        _payload: Bytes,
+        _sink: Option<Box<dyn Sink>>,
+    ) -> Result<MemReply> {
+        let state = self.state(node);
+        if state == Node::Dead {
+            return Err(Error::Unavailable(format!("node {node} is dead")));
+        }
+        let Request::Op { op, .. } = req else {
+            panic!("only operations go to servers: {req:?}");
+        };
+        self.sent.lock().unwrap().push((node, op.clone()));
+        let payload = match op {
+            Op::ReadStripe { len, .. } => served_by(node, *len),
+            _ => Bytes::new(),
+        };
+        let answer: Answer = Ok((Response::Ok, payload));
+        Ok(MemReply(match state {
+            Node::Slow => Box::pin(async move {
+                tokio::time::sleep(Duration::from_secs(600)).await;
+                answer
+            }),
+            _ => Box::pin(async move { answer }),
+        }))
+    }
+
+    async fn reach(&self, node: NodeId, _addr: SocketAddr) -> Result<()> {
+        match self.state(node) {
+            Node::Dead => Err(Error::Unavailable(format!("node {node} is dead"))),
+            _ => Ok(()),
+        }
+    }
+
+    fn subscribe(&self, sink: NoticeSink) -> bool {
+        self.notices.set(sink).is_ok()
+    }
+
+    fn notices(&self) -> Option<&NoticeSink> {
+        self.notices.get()
+    }
+
+    async fn send_on_lane(
+        &self,
+        _lane: &Lane,
+        _node: NodeId,
+        _addr: SocketAddr,
+        _req: &Request,
+        _payload: &Bytes,
+    ) -> Result<Option<std::result::Result<Sent, RpcError>>> {
+        Ok(None)
+    }
+}
+
+/// A router over `Memory` with nodes 1 and 2 each holding every partition, the primary
+/// alternating. Its manager is never reached.
+fn router() -> Router<Memory> {
+    let replicas = (0..PARTITIONS)
+        .map(|p| if p % 2 == 0 { vec![1, 2] } else { vec![2, 1] })
+        .collect();
+    let info = TableInfo {
+        config: ClusterConfig {
+            partitions: PARTITIONS,
+            stripe_size: STRIPE,
+            replication: 2,
+        },
+        table: PartitionTable::new(1, replicas).unwrap(),
+        nodes: (1..=2)
+            .map(|id| NodeAddr {
+                id,
+                addr: SocketAddr::from(([127, 0, 0, 1], 9000 + id as u16)),
+            })
+            .collect(),
+    };
+    let rpc = RpcConfig::new(Secret::new("memory"), Arc::new(BufferPool::new(1 << 20, 4)));
+    let manager = Manager::new(([127, 0, 0, 1], 9).into(), Arc::new(rpc), None);
+    Router::new(manager, info, Memory::default(), Duration::from_secs(1))
+}
+
+/// The replicas of stripe `s` of the test file, primary first.
+fn replicas(r: &Router<Memory>, s: u64) -> Vec<NodeId> {
+    r.route().replicas(Key::Stripe(FILE, s)).unwrap().to_vec()
+}
+
+async fn read(r: &Router<Memory>, stripe: u64, offset: u32, len: u32) -> Vec<Bytes> {
+    let parts = r.send_read(FILE, stripe, offset, len, None).await.unwrap();
+    let mut got = Vec::new();
+    for part in parts {
+        got.push(r.finish_read(part).await.unwrap());
+    }
+    got
+}
+
+#[tokio::test]
+async fn a_write_goes_to_every_replica_of_its_partition_primary_first() {
+    let r = router();
+    for stripe in 0..4 {
+        let op = Op::WriteStripe {
+            file: FILE,
+            stripe,
+            offset: 0,
+        };
+        let key = Key::Stripe(FILE, stripe);
+        let acks = r
+            .send_write(&r.route(), key, &op, &Bytes::from_static(b"abc"))
+            .await
+            .unwrap();
+        let nodes: Vec<NodeId> = acks.iter().map(|a| a.node).collect();
+        assert_eq!(nodes, replicas(&r, stripe), "stripe {stripe}");
+        assert!(matches!(super::wait_acks(acks).await, super::Outcome::Done));
+    }
+    let sent: Vec<NodeId> = r.transport.sent().iter().map(|(n, _)| *n).collect();
+    let want: Vec<NodeId> = (0..4).flat_map(|s| replicas(&r, s)).collect();
+    assert_eq!(
+        sent, want,
+        "each write went to its partition's replicas, primary first"
+    );
+}
+
+#[tokio::test]
+async fn a_small_read_goes_to_one_replica() {
+    let r = router();
+    let got = read(&r, 0, 100, 4096).await;
+    assert_eq!(got.len(), 1);
+    let primary = replicas(&r, 0)[0];
+    assert_eq!(
+        got[0],
+        served_by(primary, 4096),
+        "unmeasured: the primary serves"
+    );
+    assert_eq!(r.transport.sent().len(), 1, "one request only");
+}
+
+#[tokio::test]
+async fn a_read_moves_on_from_a_dead_replica_to_the_other() {
+    let r = router();
+    let [dead, alive] = replicas(&r, 1)[..] else {
+        panic!("two replicas")
+    };
+    r.transport.set(dead, Node::Dead);
+    let got = read(&r, 1, 0, 4096).await;
+    assert_eq!(got, vec![served_by(alive, 4096)]);
+}
+
+#[tokio::test]
+async fn a_late_read_is_hedged_on_the_other_replica() {
+    let r = router();
+    let [slow, fast] = replicas(&r, 2)[..] else {
+        panic!("two replicas")
+    };
+    r.transport.set(slow, Node::Slow);
+    // The slow node never answers: only the hedge can end this read.
+    let got = tokio::time::timeout(Duration::from_secs(60), read(&r, 2, 0, 4096))
+        .await
+        .expect("the read was hedged");
+    assert_eq!(got, vec![served_by(fast, 4096)]);
+    let asked: Vec<NodeId> = r.transport.sent().iter().map(|(n, _)| *n).collect();
+    assert_eq!(
+        asked,
+        vec![slow, fast],
+        "asked the slow node first, then the other"
+    );
+    // The late node is now measured slow: the next read goes to the other at once.
+    let got = tokio::time::timeout(Duration::from_secs(60), read(&r, 2, 0, 4096))
+        .await
+        .expect("the read went to the fast node");
+    assert_eq!(got, vec![served_by(fast, 4096)]);
+}
+
+#[tokio::test]
+async fn a_large_read_is_split_over_two_replicas() {
+    let r = router();
+    let parts = r.send_read(FILE, 3, 0, STRIPE, None).await.unwrap();
+    assert_eq!(parts.len(), 2, "split");
+    let (a, b) = (&parts[0], &parts[1]);
+    assert_eq!((a.offset, a.offset + a.len), (0, b.offset));
+    assert_eq!(b.offset + b.len, STRIPE, "the parts cover the read");
+    let sent = r.transport.sent();
+    let nodes: Vec<NodeId> = sent.iter().map(|(n, _)| *n).collect();
+    assert_eq!(nodes, replicas(&r, 3), "one part on each replica");
+    for (part, (node, op)) in parts.into_iter().zip(sent) {
+        let (offset, len) = (part.offset, part.len);
+        assert!(
+            matches!(op, Op::ReadStripe { offset: o, len: l, .. } if o == offset && l == len),
+            "{op:?}"
+        );
+        assert_eq!(r.finish_read(part).await.unwrap(), served_by(node, len));
+    }
+}
