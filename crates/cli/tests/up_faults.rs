@@ -190,6 +190,25 @@ fn a_server_stopped_past_the_dead_node_time_rejoins_as_a_new_node() {
     for n in 0..8 {
         std::fs::write(mnt.join(format!("f{n}")), content(n, len)).expect("write");
     }
+    // Reads and stats go on while a server hangs: each waits at most until the table drops
+    // the server (not the request timeout).
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (stop, mnt) = (Arc::clone(&stop), mnt.clone());
+        std::thread::spawn(move || {
+            let mut longest = Duration::ZERO;
+            while !stop.load(Ordering::Relaxed) {
+                for n in 0..8 {
+                    let t = Instant::now();
+                    let f = mnt.join(format!("f{n}"));
+                    std::fs::metadata(&f).expect("stat");
+                    assert_eq!(std::fs::read(&f).expect("read").len(), len);
+                    longest = longest.max(t.elapsed());
+                }
+            }
+            longest
+        })
+    };
     let stopped = servers_of(up.0.id())[2];
     // SAFETY: a server process of this test's own `tessera up`.
     unsafe { libc::kill(stopped as i32, libc::SIGSTOP) };
@@ -197,6 +216,13 @@ fn a_server_stopped_past_the_dead_node_time_rejoins_as_a_new_node() {
         "the stopped server declared dead",
         Duration::from_secs(30),
         || live_nodes(&home) == 3,
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    let longest = reader.join().expect("reader");
+    assert!(
+        longest < Duration::from_secs(20),
+        "one read waited {longest:?} on the stopped server"
     );
     // Changed while it sleeps: it must not answer with the old bytes later.
     for n in 0..8 {

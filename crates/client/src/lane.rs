@@ -25,6 +25,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::ThreadId;
+use std::time::Duration;
 use tessera_placement::NodeId;
 use tessera_proto::{LaneConn, Request, Response, RpcClient, RpcConfig, RpcError};
 use tokio::runtime::Handle;
@@ -135,15 +136,33 @@ impl Lane {
     }
 
     /// Waits for the answer to a request [`Self::send`] sent.
-    pub(crate) fn answer(&self, sent: Sent) -> Result<(Response, Bytes), RpcError> {
+    pub(crate) fn answer(&self, mut sent: Sent) -> Result<(Response, Bytes), RpcError> {
+        let answer = sent.conn.recv();
+        self.put_back(sent);
+        answer
+    }
+
+    /// [`Self::answer`], or the request back if no answer began within `within` (ask again,
+    /// or drop it to give the connection up).
+    pub(crate) fn answer_within(&self, mut sent: Sent, within: Duration) -> Heard {
+        let answer = match sent.conn.recv_within(within) {
+            Ok(None) => return Heard::Quiet(sent),
+            Ok(Some(answer)) => Ok(answer),
+            Err(e) => Err(e),
+        };
+        self.put_back(sent);
+        Heard::Answer(answer)
+    }
+
+    /// Keeps the connection of an answered request for the thread's next one.
+    fn put_back(&self, sent: Sent) {
         let Sent {
             thread,
             node,
-            mut conn,
+            conn,
             beside,
             fresh,
         } = sent;
-        let answer = conn.recv();
         let mut inner = self.lock();
         if fresh {
             // Drop the connections beside shared ones that ended (servers that left).
@@ -152,8 +171,14 @@ impl Lane {
                 .retain(|_, s| s.beside.upgrade().is_some_and(|c| !c.is_closed()));
         }
         inner.conns.insert((thread, node), Slot { conn, beside });
-        answer
     }
+}
+
+/// What [`Lane::answer_within`] heard.
+pub(crate) enum Heard {
+    Answer(Result<(Response, Bytes), RpcError>),
+    /// Nothing yet: the request, still on its way.
+    Quiet(Sent),
 }
 
 /// A request sent on a lane, its answer still to be read ([`Lane::answer`]).

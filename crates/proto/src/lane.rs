@@ -10,21 +10,27 @@
 //!
 //! Only for threads that may block (never a runtime worker): every call blocks until its
 //! answer or `request_timeout`. A connection that failed or timed out is not used again.
+//! [`LaneConn::recv_within`] gives up earlier on a server that has not begun to answer, and
+//! can be called again: its caller checks meanwhile whether the server is still one to wait for.
 
 use crate::frame::{encode_head, parse_prefix, FrameError, FrameKind, Limits, PREFIX_LEN};
 use crate::msg::{Request, Response};
 use crate::pool::BufferPool;
 use crate::rpc::{dial, RpcConfig, RpcError};
 use bytes::Bytes;
-use std::io::{BufReader, ErrorKind, Read, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Answers are read through a buffer this large: one `recv` for most metadata answers, while
 /// a thread's buffers to every server stay small (larger answers are read straight into
 /// their own memory).
 const READ_BUF: usize = 16 << 10;
+
+/// The socket's read timeout: how often a blocked read looks at its clock, so a wait can end
+/// sooner than `request_timeout` ([`LaneConn::recv_within`]).
+const READ_SLICE: Duration = Duration::from_millis(100);
 
 pub struct LaneConn {
     rd: BufReader<TcpStream>,
@@ -48,7 +54,7 @@ impl LaneConn {
         let stream = dial(addr, cfg).await?.into_std().map_err(io)?;
         stream.set_nonblocking(false).map_err(io)?;
         stream
-            .set_read_timeout(Some(cfg.request_timeout))
+            .set_read_timeout(Some(READ_SLICE.min(cfg.request_timeout)))
             .map_err(io)?;
         stream
             .set_write_timeout(Some(cfg.request_timeout))
@@ -63,12 +69,21 @@ impl LaneConn {
             broken: false,
         };
         if let Some(watcher) = watcher {
-            match conn.call(&Request::Attach { watcher }, &[])?.0 {
-                Response::Ok => {}
-                other => {
+            // Part of connecting: a server that does not answer it is one to give up on as
+            // soon as one that does not accept the connection.
+            conn.send(&Request::Attach { watcher }, &[])?;
+            match conn.recv_within(cfg.connect_timeout)? {
+                Some((Response::Ok, _)) => {}
+                Some((other, _)) => {
                     return Err(RpcError::Refused {
                         addr,
                         why: format!("cannot attach to watcher {watcher}: {other:?}"),
+                    })
+                }
+                None => {
+                    return Err(RpcError::Connect {
+                        addr,
+                        source: ErrorKind::TimedOut.into(),
                     })
                 }
             }
@@ -101,12 +116,35 @@ impl LaneConn {
 
     /// Blocks until the answer to the request [`Self::send`] wrote is in.
     pub fn recv(&mut self) -> Result<(Response, Bytes), RpcError> {
+        match self.recv_within(self.timeout)? {
+            Some(answer) => Ok(answer),
+            None => Err(self.io(ErrorKind::TimedOut.into())),
+        }
+    }
+
+    /// [`Self::recv`], but `None` if no byte of the answer came within `within`: the request
+    /// is still on its way, and this may be called again. Once the answer begins, the rest is
+    /// waited for up to `request_timeout`.
+    pub fn recv_within(&mut self, within: Duration) -> Result<Option<(Response, Bytes)>, RpcError> {
         if !self.broken {
             return Err(self.closed("no request is waiting for an answer".into()));
         }
-        let answer = self.read_answer()?;
+        let started = Instant::now();
+        loop {
+            match self.rd.fill_buf() {
+                Ok([]) => return Err(self.closed("the server closed the connection".into())),
+                Ok(_) => break,
+                Err(e) if quiet(&e) || e.kind() == ErrorKind::Interrupted => {
+                    if started.elapsed() >= within {
+                        return Ok(None);
+                    }
+                }
+                Err(e) => return Err(self.io(e)),
+            }
+        }
+        let answer = self.read_answer(Instant::now() + self.timeout)?;
         self.broken = false;
-        Ok(answer)
+        Ok(Some(answer))
     }
 
     #[must_use]
@@ -114,9 +152,9 @@ impl LaneConn {
         self.broken
     }
 
-    fn read_answer(&mut self) -> Result<(Response, Bytes), RpcError> {
+    fn read_answer(&mut self, deadline: Instant) -> Result<(Response, Bytes), RpcError> {
         let mut prefix = [0u8; PREFIX_LEN];
-        self.rd.read_exact(&mut prefix).map_err(|e| self.io(e))?;
+        self.read_full(&mut prefix, deadline)?;
         let mut head = parse_prefix(&prefix, self.limits).map_err(|e| self.frame(e))?;
         if head.kind != FrameKind::Response || head.id != self.next_id {
             return Err(self.closed(format!(
@@ -124,9 +162,7 @@ impl LaneConn {
                 self.next_id, head.kind, head.id
             )));
         }
-        self.rd
-            .read_exact(&mut head.header)
-            .map_err(|e| self.io(e))?;
+        self.read_full(&mut head.header, deadline)?;
         let resp: Response = postcard::from_bytes(&head.header)
             .map_err(|e| self.closed(format!("undecodable response: {e}")))?;
         let payload = if head.payload_len == 0 {
@@ -134,10 +170,25 @@ impl LaneConn {
         } else {
             let mut buf = self.pool.get(head.payload_len);
             buf.resize(head.payload_len, 0);
-            self.rd.read_exact(&mut buf).map_err(|e| self.io(e))?;
+            self.read_full(&mut buf, deadline)?;
             buf.freeze()
         };
         Ok((resp, payload))
+    }
+
+    /// Fills `buf`, across the socket's read timeouts, until `deadline`.
+    fn read_full(&mut self, buf: &mut [u8], deadline: Instant) -> Result<(), RpcError> {
+        let mut got = 0;
+        while got < buf.len() {
+            match self.rd.read(&mut buf[got..]) {
+                Ok(0) => return Err(self.closed("the server closed the connection".into())),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if quiet(&e) && Instant::now() < deadline => {}
+                Err(e) => return Err(self.io(e)),
+            }
+        }
+        Ok(())
     }
 
     fn closed(&self, reason: String) -> RpcError {
@@ -160,4 +211,9 @@ impl LaneConn {
     fn frame(&self, e: FrameError) -> RpcError {
         self.closed(e.to_string())
     }
+}
+
+/// A read that timed out (the socket's [`READ_SLICE`]): nothing was read.
+fn quiet(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
 }

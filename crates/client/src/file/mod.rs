@@ -30,7 +30,7 @@
 mod read;
 
 use crate::options::{OpenOptions, WriteAck};
-use crate::route::{unexpected, wait_ack, wait_acks, Ack, Key, Outcome, ReadSinks};
+use crate::route::{unexpected, Ack, Key, Outcome, ReadSinks};
 use crate::{Client, Error, Result};
 use bytes::{Bytes, BytesMut};
 use read::ReadAhead;
@@ -355,10 +355,11 @@ impl File {
         let Some(mut w) = self.inflight.pop_front() else {
             return;
         };
+        let router = &self.client.router;
         let outcome = match self.ack {
-            WriteAck::All => wait_acks(std::mem::take(&mut w.acks)).await,
+            WriteAck::All => router.wait_acks(std::mem::take(&mut w.acks)).await,
             WriteAck::Primary if w.acks.is_empty() => Outcome::Done,
-            WriteAck::Primary => wait_ack(w.acks.remove(0)).await,
+            WriteAck::Primary => router.wait_ack(w.acks.remove(0)).await,
         };
         match outcome {
             Outcome::Done if w.acks.is_empty() => self.stored(w),
@@ -385,7 +386,8 @@ impl File {
         let Some(mut w) = self.lagging.pop_front() else {
             return;
         };
-        match wait_acks(std::mem::take(&mut w.acks)).await {
+        let router = &self.client.router;
+        match router.wait_acks(std::mem::take(&mut w.acks)).await {
             Outcome::Done => self.stored(w),
             Outcome::Failed(e) if !e.is(&ErrorCode::NoSpace) => {
                 self.lose([w.range(self.stripe)], e);
@@ -409,7 +411,7 @@ impl File {
         // Let the first attempts settle, so none lands after its own re-send.
         futures::future::join_all(
             redo.iter_mut()
-                .map(|w| wait_acks(std::mem::take(&mut w.acks))),
+                .map(|w| self.client.router.wait_acks(std::mem::take(&mut w.acks))),
         )
         .await;
         let client = self.client.clone();

@@ -27,9 +27,9 @@ mod tests;
 pub(crate) use read::ReadPart;
 pub use read::ReadSinks;
 pub(crate) use table::{Key, Route};
-pub(crate) use write::{wait_ack, wait_acks, Ack, Outcome};
+pub(crate) use write::{Ack, Outcome};
 
-use crate::lane::Lane;
+use crate::lane::{Heard, Lane};
 use crate::options::ClientOptions;
 use crate::{Error, Result};
 use bytes::Bytes;
@@ -37,8 +37,8 @@ use read::NodeLoad;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
-use table::{lists, lists_anywhere, Manager};
-use tessera_placement::NodeId;
+use table::{lists, lists_anywhere, Manager, FAILOVER_POLL, SUSPECT_AFTER};
+use tessera_placement::{NodeId, PartitionId};
 use tessera_proto::{BufferPool, Conns, ErrorCode, NoticeSink, Op, Request, Response, TableInfo};
 use tracing::debug;
 use transport::{Reply, Transport};
@@ -151,8 +151,9 @@ impl<T: Transport> Router<T> {
                 Ok(n) => n,
                 Err(e) => return (Err(e), maybe_applied),
             };
+            let p = route.partition(key);
             let answer = self
-                .exchange(lane, &route, node, &req, &payload, &mut maybe_applied)
+                .exchange(lane, &route, (node, p), &req, &payload, &mut maybe_applied)
                 .await;
             match answer {
                 Ok((Response::Error(e), _)) if retryable(&e) => {
@@ -165,7 +166,6 @@ impl<T: Transport> Router<T> {
                 Ok(ok) => return (Ok(ok), maybe_applied),
                 Err(Error::Unavailable(why)) => {
                     debug!(node, "request failed: {why}");
-                    let p = route.partition(key);
                     let since = *since.get_or_insert_with(Instant::now);
                     if let Err(e) = self
                         .await_failover(&[node], |t, n| !lists(t, n, p), since, "request")
@@ -180,35 +180,72 @@ impl<T: Transport> Router<T> {
         (Err(kept_changing()), maybe_applied)
     }
 
-    /// One request to `node` and its answer: on `lane` if given and it can take it, else on
-    /// the shared connection. `maybe_applied` is set if it was sent but not answered.
+    /// One request to `node` about partition `p` and its answer: on `lane` if given and it
+    /// can take it, else on the shared connection. `maybe_applied` is set if it was sent but
+    /// not answered. A node the table drops while the request waits is `Unavailable`.
     async fn exchange(
         &self,
         lane: Option<&Lane>,
         route: &Route,
-        node: NodeId,
+        (node, p): (NodeId, PartitionId),
         req: &Request,
         payload: &Bytes,
         maybe_applied: &mut bool,
     ) -> Result<(Response, Bytes)> {
         let addr = route.addr(node)?;
-        let answer = match lane {
+        // Connecting waits for the server too: watched as the answer is.
+        let dropped = || {
+            Error::Unavailable(format!(
+                "node {node} left partition {p} while a request to it waited"
+            ))
+        };
+        let on_lane = match lane {
             Some(lane) => self
-                .transport
-                .send_on_lane(lane, node, addr, req, payload)
-                .await?
-                .map(|sent| sent.and_then(|sent| lane.answer(sent))),
+                .unless_dropped(node, p, async {
+                    self.transport
+                        .send_on_lane(lane, node, addr, req, payload)
+                        .await
+                })
+                .await
+                .ok_or_else(dropped)??
+                .map(|sent| (lane, sent)),
             None => None,
         };
-        let answer = match answer {
-            Some(answer) => answer,
-            None => {
-                let reply = self
-                    .transport
-                    .send(node, addr, req, payload.clone(), None)
-                    .await?;
-                reply.wait().await
+        let answer = match on_lane {
+            Some((lane, Ok(mut sent))) => {
+                let mut patience = SUSPECT_AFTER;
+                loop {
+                    match lane.answer_within(sent, patience) {
+                        Heard::Answer(answer) => break Some(answer),
+                        Heard::Quiet(quiet) if self.node_dropped(node, p).await => {
+                            // Dropped, the lane connection goes with the request.
+                            drop(quiet);
+                            break None;
+                        }
+                        Heard::Quiet(quiet) => sent = quiet,
+                    }
+                    patience = FAILOVER_POLL;
+                }
             }
+            Some((_, Err(e))) => Some(Err(e)),
+            None => {
+                let asked = async {
+                    let reply = self
+                        .transport
+                        .send(node, addr, req, payload.clone(), None)
+                        .await?;
+                    Ok::<_, Error>(reply.wait().await)
+                };
+                match self.unless_dropped(node, p, asked).await {
+                    Some(Err(e)) => return Err(e),
+                    Some(Ok(answer)) => Some(answer),
+                    None => None,
+                }
+            }
+        };
+        let Some(answer) = answer else {
+            *maybe_applied = true;
+            return Err(dropped());
         };
         *maybe_applied |= answer.is_err();
         answer.map_err(Error::from)

@@ -1,7 +1,7 @@
 //! The cached partition table ([`Route`]) and the link to the manager it comes from: the
 //! first fetch, refreshes after a stale answer, and the wait for a failover.
 
-use super::transport::Transport;
+use super::transport::{Reply, Transport};
 use super::{unexpected, Router};
 use crate::options::ClientOptions;
 use crate::{Error, Result};
@@ -22,6 +22,14 @@ use tracing::debug;
 /// How often the table is fetched again while waiting for the manager to declare an unreachable
 /// node dead (it does after about 2 s of missed heartbeats).
 pub(super) const FAILOVER_POLL: Duration = Duration::from_millis(150);
+
+/// A server that has not answered for this long may have stopped (hung, cut off): from then on
+/// the table is looked at every [`FAILOVER_POLL`], and the wait ends once it drops the server.
+pub(super) const SUSPECT_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a table fetch waits for the manager before asking the servers: a hung manager
+/// must not hold up a failover, and servers hold the table too.
+const MANAGER_PATIENCE: Duration = Duration::from_secs(1);
 
 /// What a request is routed by.
 #[derive(Debug, Clone, Copy)]
@@ -211,7 +219,14 @@ impl<T: Transport> Router<T> {
         if !fresh.is_zero() && last.elapsed() < fresh {
             return Ok(());
         }
-        let resp = self.manager.call(&Request::GetTable).await?;
+        let resp =
+            match tokio::time::timeout(MANAGER_PATIENCE, self.manager.call(&Request::GetTable))
+                .await
+            {
+                Ok(Ok(resp)) => resp,
+                Ok(Err(e)) => self.table_from_servers(seen, e.to_string()).await?,
+                Err(_) => self.table_from_servers(seen, "no answer".into()).await?,
+            };
         *self.fetched.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
         match resp {
             Response::Table(info) => {
@@ -233,6 +248,77 @@ impl<T: Transport> Router<T> {
             Response::Error(ErrorCode::NotReady(_)) => Ok(()),
             Response::Error(e) => Err(e.into()),
             other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The newest table the servers of ours hold, for when the manager does not answer (`why`).
+    /// `Unavailable` if none answers with a table at least as new as `seen`.
+    async fn table_from_servers(&self, seen: Epoch, why: String) -> Result<Response> {
+        debug!("manager: {why}; asking the servers for the table");
+        let route = self.route();
+        let ask = Request::GetTable;
+        let answers = futures::future::join_all(route.info.nodes.iter().map(|n| {
+            let ask = &ask;
+            async move {
+                let answer = async {
+                    let reply = self.transport.send(n.id, n.addr, ask, Bytes::new(), None);
+                    reply.await.ok()?.wait().await.ok()
+                };
+                match tokio::time::timeout(MANAGER_PATIENCE, answer).await {
+                    Ok(Some((Response::Table(t), _))) => Some(t),
+                    _ => None,
+                }
+            }
+        }))
+        .await;
+        answers
+            .into_iter()
+            .flatten()
+            .filter(|t| t.table.epoch() >= seen)
+            .max_by_key(|t| t.table.epoch())
+            .map(Response::Table)
+            .ok_or_else(|| {
+                Error::Unavailable(format!(
+                    "the manager at {} is not answering ({why}), nor are the servers",
+                    self.manager.addr
+                ))
+            })
+    }
+
+    /// Did `node` leave partition `p` (or the table)? Looks at a table fetched at most
+    /// [`FAILOVER_POLL`] / 2 ago.
+    pub(super) async fn node_dropped(&self, node: NodeId, p: PartitionId) -> bool {
+        let seen = self.route().epoch();
+        if let Err(e) = self.fetch_table(seen, FAILOVER_POLL / 2).await {
+            debug!("table refresh while waiting for node {node} failed: {e}");
+        }
+        !lists(&self.route().info.table, node, p)
+    }
+
+    /// Waits for `answer`, which `node` gives about partition `p`; `None` if the table drops
+    /// `node` first. A server that stopped answering (hung, cut off) is given up as soon as
+    /// the manager declares it dead, not after the request timeout.
+    pub(super) async fn unless_dropped<F: std::future::Future>(
+        &self,
+        node: NodeId,
+        p: PartitionId,
+        answer: F,
+    ) -> Option<F::Output> {
+        tokio::pin!(answer);
+        let mut patience = SUSPECT_AFTER;
+        loop {
+            if let Ok(done) = tokio::time::timeout(patience, &mut answer).await {
+                return Some(done);
+            }
+            if self.node_dropped(node, p).await {
+                debug!(
+                    node,
+                    partition = p,
+                    "gave up waiting: the node left the table"
+                );
+                return None;
+            }
+            patience = FAILOVER_POLL;
         }
     }
 

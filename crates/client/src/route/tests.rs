@@ -38,6 +38,8 @@ struct Memory {
     /// Every request queued, with its node, in order.
     sent: Mutex<Vec<(NodeId, Op)>>,
     notices: OnceLock<NoticeSink>,
+    /// The table the servers hold (answered to `GetTable`), once set.
+    table: Mutex<Option<TableInfo>>,
 }
 
 struct MemReply(Pin<Box<dyn Future<Output = Answer> + Send>>);
@@ -82,15 +84,24 @@ impl Transport for Memory {
         if state == Node::Dead {
             return Err(Error::Unavailable(format!("node {node} is dead")));
         }
-        let Request::Op { op, .. } = req else {
-            panic!("only operations go to servers: {req:?}");
+        let answer: Answer = match req {
+            Request::GetTable => match self.table.lock().unwrap().clone() {
+                Some(t) => Ok((Response::Table(t), Bytes::new())),
+                None => Ok((
+                    Response::Error(tessera_proto::ErrorCode::NotReady("no table".into())),
+                    Bytes::new(),
+                )),
+            },
+            Request::Op { op, .. } => {
+                self.sent.lock().unwrap().push((node, op.clone()));
+                let payload = match op {
+                    Op::ReadStripe { len, .. } => served_by(node, *len),
+                    _ => Bytes::new(),
+                };
+                Ok((Response::Ok, payload))
+            }
+            _ => panic!("not a request for servers: {req:?}"),
         };
-        self.sent.lock().unwrap().push((node, op.clone()));
-        let payload = match op {
-            Op::ReadStripe { len, .. } => served_by(node, *len),
-            _ => Bytes::new(),
-        };
-        let answer: Answer = Ok((Response::Ok, payload));
         Ok(MemReply(match state {
             Node::Slow => Box::pin(async move {
                 tokio::time::sleep(Duration::from_secs(600)).await;
@@ -133,23 +144,28 @@ fn router() -> Router<Memory> {
     let replicas = (0..PARTITIONS)
         .map(|p| if p % 2 == 0 { vec![1, 2] } else { vec![2, 1] })
         .collect();
-    let info = TableInfo {
+    let info = table(1, replicas);
+    let rpc = RpcConfig::new(Secret::new("memory"), Arc::new(BufferPool::new(1 << 20, 4)));
+    let manager = Manager::new(([127, 0, 0, 1], 9).into(), Arc::new(rpc), None);
+    Router::new(manager, info, Memory::default(), Duration::from_secs(1))
+}
+
+/// The table of nodes 1 and 2 at `epoch` with these replica lists.
+fn table(epoch: u64, replicas: Vec<Vec<NodeId>>) -> TableInfo {
+    TableInfo {
         config: ClusterConfig {
             partitions: PARTITIONS,
             stripe_size: STRIPE,
             replication: 2,
         },
-        table: PartitionTable::new(1, replicas).unwrap(),
+        table: PartitionTable::new(epoch, replicas).unwrap(),
         nodes: (1..=2)
             .map(|id| NodeAddr {
                 id,
                 addr: SocketAddr::from(([127, 0, 0, 1], 9000 + id as u16)),
             })
             .collect(),
-    };
-    let rpc = RpcConfig::new(Secret::new("memory"), Arc::new(BufferPool::new(1 << 20, 4)));
-    let manager = Manager::new(([127, 0, 0, 1], 9).into(), Arc::new(rpc), None);
-    Router::new(manager, info, Memory::default(), Duration::from_secs(1))
+    }
 }
 
 /// The replicas of stripe `s` of the test file, primary first.
@@ -182,7 +198,7 @@ async fn a_write_goes_to_every_replica_of_its_partition_primary_first() {
             .unwrap();
         let nodes: Vec<NodeId> = acks.iter().map(|a| a.node).collect();
         assert_eq!(nodes, replicas(&r, stripe), "stripe {stripe}");
-        assert!(matches!(super::wait_acks(acks).await, super::Outcome::Done));
+        assert!(matches!(r.wait_acks(acks).await, super::Outcome::Done));
     }
     let sent: Vec<NodeId> = r.transport.sent().iter().map(|(n, _)| *n).collect();
     let want: Vec<NodeId> = (0..4).flat_map(|s| replicas(&r, s)).collect();
@@ -261,4 +277,59 @@ async fn a_large_read_is_split_over_two_replicas() {
         );
         assert_eq!(r.finish_read(part).await.unwrap(), served_by(node, len));
     }
+}
+
+/// Node `gone` stopped answering and the cluster moved on without it (its manager is away:
+/// the servers hold the new table).
+fn drop_node(r: &Router<Memory>, gone: NodeId) {
+    r.transport.set(gone, Node::Slow);
+    let left: Vec<Vec<NodeId>> = (0..PARTITIONS)
+        .map(|_| vec![if gone == 1 { 2 } else { 1 }])
+        .collect();
+    *r.transport.table.lock().unwrap() = Some(table(2, left));
+}
+
+#[tokio::test]
+async fn a_request_to_a_node_that_stopped_answering_moves_on_once_the_table_drops_it() {
+    let r = router();
+    let ino = (1..)
+        .find(|&i| r.route().primary(Key::Meta(i)).ok() == Some(1))
+        .unwrap();
+    drop_node(&r, 1);
+    let asked = r.call(None, Key::Meta(ino), Op::InodeGet { ino }, Bytes::new());
+    let got = tokio::time::timeout(Duration::from_secs(30), asked)
+        .await
+        .expect("not left waiting for the request timeout");
+    assert!(matches!(got, Ok((Response::Ok, _))), "{got:?}");
+    assert_eq!(
+        r.route().epoch(),
+        2,
+        "the servers' table, the manager being away"
+    );
+    let asked: Vec<NodeId> = r.transport.sent().iter().map(|(n, _)| *n).collect();
+    assert_eq!(asked, vec![1, 2], "the hung primary, then the new one");
+}
+
+#[tokio::test]
+async fn a_write_to_a_mirror_that_stopped_answering_completes_once_the_table_drops_it() {
+    let r = router();
+    drop_node(&r, 2);
+    let op = Op::WriteStripe {
+        file: FILE,
+        stripe: 0,
+        offset: 0,
+    };
+    let data = Bytes::from_static(b"abc");
+    let write = r.write(Key::Stripe(FILE, 0), &op, &data);
+    tokio::time::timeout(Duration::from_secs(30), write)
+        .await
+        .expect("not left waiting for the request timeout")
+        .expect("written to the replica left");
+    let to_one = r.transport.sent().iter().filter(|(n, _)| *n == 1).count();
+    assert_eq!(
+        to_one,
+        2,
+        "sent again to the node left: {:?}",
+        r.transport.sent()
+    );
 }

@@ -9,7 +9,7 @@ use crate::lane::{Lane, Sent};
 use crate::{Error, Result};
 use bytes::Bytes;
 use std::time::{Duration, Instant};
-use tessera_placement::NodeId;
+use tessera_placement::{NodeId, PartitionId};
 use tessera_proto::{ErrorCode, Op, Request, Response, RpcError};
 use tracing::debug;
 
@@ -29,9 +29,11 @@ const NO_SPACE_WAITS: [Duration; 5] = [
 /// close is what it is for.
 const LANE_WRITE_MAX: usize = 64 << 10;
 
-/// A stripe write queued to one replica; `Err` if it could not even be queued.
+/// A stripe write queued to one replica of partition `p`; `Err` if it could not even be
+/// queued.
 pub(crate) struct Ack<R = tessera_proto::Waiter> {
     pub node: NodeId,
+    p: PartitionId,
     waiter: Result<R>,
 }
 
@@ -43,13 +45,13 @@ pub(crate) enum Outcome {
     Failed(Error),
 }
 
-/// Waits for one replica's acknowledgement.
-pub(crate) async fn wait_ack<R: Reply>(ack: Ack<R>) -> Outcome {
-    let waiter = match ack.waiter {
+/// One replica's acknowledgement.
+async fn settle<R: Reply>(node: NodeId, waiter: Result<R>) -> Outcome {
+    let waiter = match waiter {
         Ok(w) => w,
         Err(Error::Unavailable(why)) => {
-            debug!(node = ack.node, "write not queued: {why}");
-            return Outcome::Retry(vec![ack.node]);
+            debug!(node, "write not queued: {why}");
+            return Outcome::Retry(vec![node]);
         }
         Err(e) => return Outcome::Failed(e),
     };
@@ -60,29 +62,40 @@ pub(crate) async fn wait_ack<R: Reply>(ack: Ack<R>) -> Outcome {
         Ok((other, _)) => Outcome::Failed(unexpected(&other)),
         Err(RpcError::Encode(m)) => Outcome::Failed(Error::Invalid(m)),
         Err(e) => {
-            debug!(node = ack.node, "write lost: {e}");
-            Outcome::Retry(vec![ack.node])
+            debug!(node, "write lost: {e}");
+            Outcome::Retry(vec![node])
         }
     }
 }
 
-/// Waits for all `acks` at once: failed if one failed, else a retry if one needs it.
-pub(crate) async fn wait_acks<R: Reply>(acks: Vec<Ack<R>>) -> Outcome {
-    let mut all = Outcome::Done;
-    for outcome in futures::future::join_all(acks.into_iter().map(wait_ack)).await {
-        all = match (all, outcome) {
-            (Outcome::Failed(e), _) | (_, Outcome::Failed(e)) => Outcome::Failed(e),
-            (Outcome::Retry(mut a), Outcome::Retry(b)) => {
-                a.extend(b);
-                Outcome::Retry(a)
-            }
-            (Outcome::Retry(a), Outcome::Done) | (Outcome::Done, Outcome::Retry(a)) => {
-                Outcome::Retry(a)
-            }
-            (Outcome::Done, Outcome::Done) => Outcome::Done,
-        };
+impl<T: Transport> Router<T> {
+    /// Waits for one replica's acknowledgement; a replica the table drops meanwhile (hung, cut
+    /// off) is one to re-send to.
+    pub(crate) async fn wait_ack(&self, ack: Ack<T::Reply>) -> Outcome {
+        let Ack { node, p, waiter } = ack;
+        self.unless_dropped(node, p, settle(node, waiter))
+            .await
+            .unwrap_or_else(|| Outcome::Retry(vec![node]))
     }
-    all
+
+    /// Waits for all `acks` at once: failed if one failed, else a retry if one needs it.
+    pub(crate) async fn wait_acks(&self, acks: Vec<Ack<T::Reply>>) -> Outcome {
+        let mut all = Outcome::Done;
+        for outcome in futures::future::join_all(acks.into_iter().map(|a| self.wait_ack(a))).await {
+            all = match (all, outcome) {
+                (Outcome::Failed(e), _) | (_, Outcome::Failed(e)) => Outcome::Failed(e),
+                (Outcome::Retry(mut a), Outcome::Retry(b)) => {
+                    a.extend(b);
+                    Outcome::Retry(a)
+                }
+                (Outcome::Retry(a), Outcome::Done) | (Outcome::Done, Outcome::Retry(a)) => {
+                    Outcome::Retry(a)
+                }
+                (Outcome::Done, Outcome::Done) => Outcome::Done,
+            };
+        }
+        all
+    }
 }
 
 /// A stripe write on its way on a lane ([`Router::send_write_on_lane`]).
@@ -107,7 +120,7 @@ impl<T: Transport> Router<T> {
             epoch: route.epoch(),
             op: op.clone(),
         };
-        let req = &req;
+        let (req, p) = (&req, route.partition(key));
         Ok(
             futures::future::join_all(route.replicas(key)?.iter().map(|&node| async move {
                 let waiter = match route.addr(node) {
@@ -118,7 +131,7 @@ impl<T: Transport> Router<T> {
                     }
                     Err(e) => Err(e),
                 };
-                Ack { node, waiter }
+                Ack { node, p, waiter }
             }))
             .await,
         )
@@ -130,7 +143,10 @@ impl<T: Transport> Router<T> {
         let mut no_space = NO_SPACE_WAITS.iter();
         for attempt in 0..MAX_ATTEMPTS {
             let route = self.route();
-            match wait_acks(self.send_write(&route, key, op, data).await?).await {
+            match self
+                .wait_acks(self.send_write(&route, key, op, data).await?)
+                .await
+            {
                 Outcome::Done => return Ok(()),
                 Outcome::Failed(e) if e.is(&ErrorCode::NoSpace) => match no_space.next() {
                     Some(&wait) => tokio::time::sleep(wait).await,
