@@ -122,10 +122,18 @@ impl NodeHandler {
         self
     }
 
-    /// Installs a table (ignoring one older than ours): abandons the promises of partitions
-    /// this node is no longer primary of, forgets partitions it no longer holds or receives,
-    /// and lifts fences the table settled.
+    /// Installs a table (ignoring one older than ours, and refusing one that does not fit the
+    /// cluster: `TableInfo::check`): abandons the promises of partitions this node is no
+    /// longer primary of, forgets partitions it no longer holds or receives, and lifts fences
+    /// the table settled.
     pub fn install(&self, info: TableInfo) {
+        if let Err(e) = info.check(self.config.partitions) {
+            warn!(
+                epoch = info.table.epoch(),
+                "refusing a partition table: {e}"
+            );
+            return;
+        }
         let old = {
             let mut t = self.table.write().unwrap_or_else(PoisonError::into_inner);
             if t.as_ref()
@@ -854,5 +862,21 @@ mod tests {
             ),
             "{stats:?}"
         );
+    }
+
+    /// A table of another partition count, or naming a node without an address, is refused.
+    #[test]
+    fn a_table_that_does_not_fit_the_cluster_is_not_installed() {
+        let (h, info) = handler(1);
+        let mut unfit = info.clone();
+        unfit.table = PartitionTable::new(3, vec![vec![1]; P as usize + 1]).unwrap();
+        unfit.config.partitions = P + 1;
+        h.0.install(unfit);
+        let mut unknown = info.clone();
+        unknown.table = PartitionTable::new(3, vec![vec![1, 3]; P as usize]).unwrap();
+        h.0.install(unknown);
+        assert_eq!(h.0.epoch(), None);
+        h.0.install(info);
+        assert_eq!(h.0.epoch(), Some(3));
     }
 }
