@@ -295,8 +295,9 @@ mod tests {
     }
 
     fn received() -> impl Strategy<Value = Received> {
-        let ids: std::ops::Range<NodeId> = 0..5;
-        let list = move || prop::collection::vec(ids.clone(), 0..4);
+        fn list() -> impl Strategy<Value = Vec<NodeId>> {
+            prop::collection::vec(NodeId::MIN..5, 0..4)
+        }
         (0usize..5, 0u64..6).prop_flat_map(move |(p, epoch)| {
             // Mostly of one length, now and then not.
             let len = move || prop_oneof![8 => Just(p), 1 => 0usize..6];

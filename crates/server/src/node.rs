@@ -20,12 +20,6 @@ pub struct Installed {
     pub(crate) node_changed: Epoch,
 }
 
-impl Installed {
-    pub(crate) fn held(&self) -> &[PartitionId] {
-        &self.held
-    }
-}
-
 /// A server as its copies and purges see it: who it is, its table, its store, its peers.
 pub trait Node: Send + Sync + 'static {
     fn id(&self) -> NodeId;

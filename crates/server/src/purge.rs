@@ -156,7 +156,7 @@ async fn drop_at(h: &impl Host, n: NodeId, files: &[Ino]) {
             return;
         }
         let outcome = if n == h.id() {
-            h.store().drop_files(t.held(), files)
+            h.store().drop_files(&t.held, files)
         } else {
             ask(h, &t.info, n, files).await
         };
