@@ -17,10 +17,7 @@ mod tests;
 
 pub(crate) use client::dial;
 pub use client::{NoticeSink, RpcClient, Sink, Waiter};
-pub use server::{
-    serve, Conn, Handler, Reply, Watcher, Watchers, FRAME_TIMEOUT, MAX_CONNECTIONS, MAX_DETACHED,
-    MAX_HANDSHAKING,
-};
+pub use server::{serve, Conn, Handler, Reply, Watcher, Watchers, MAX_DETACHED, MAX_HANDSHAKING};
 
 use crate::auth::{AuthError, Secret};
 use crate::frame::Limits;
@@ -35,6 +32,16 @@ use std::time::Duration;
 /// with 256 KiB, up to a quarter of every 1 MiB stripe took that extra copy (5.6 % of the
 /// mount's time in a sequential read). 32 KiB still holds many small answers.
 const READ_BUF: usize = 32 << 10;
+
+/// How long a request may take to arrive once its first byte has. A connection stalled in the
+/// middle of a frame is closed, and the memory of the part received goes with it; between
+/// requests a connection may stay idle as long as it likes.
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections one listening port serves at once, in their handshake or past it, unless
+/// `RpcConfig::max_connections` says otherwise. Past it a new connection is closed as soon as
+/// it is accepted, unread, with a warning: its peer sees a failed connect (a client tries
+/// another replica, or again later), and the connections already served go on.
+pub const MAX_CONNECTIONS: usize = 16384;
 
 /// Settings shared by every connection of a process.
 #[derive(Debug)]

@@ -132,15 +132,6 @@ async fn write_notices(w: Writer, mut rx: mpsc::Receiver<Notice>, overflowed: Ar
 /// Connections of one listening port that may be in their handshake at once; past it, the
 /// oldest is closed to make room (`admit`). Authenticated connections are not counted.
 pub const MAX_HANDSHAKING: usize = 256;
-/// How long a request may take to arrive once its first byte has. A connection stalled in the
-/// middle of a frame is closed, and the memory of the part received goes with it; between
-/// requests a connection may stay idle as long as it likes.
-pub const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections one listening port serves at once, in their handshake or past it, unless
-/// `RpcConfig::max_connections` says otherwise. Past it a new connection is closed as soon as
-/// it is accepted, unread, with a warning: its peer sees a failed connect (a client tries
-/// another replica, or again later), and the connections already served go on.
-pub const MAX_CONNECTIONS: usize = 16384;
 /// Detached answers (`Reply::Detached`) one connection may have on their way at once. At the
 /// bound the connection reads no further request until one of them is sent; each of them ends
 /// by itself (a mirror's, a recall's or the rename lock's patience), so the wait does too.
