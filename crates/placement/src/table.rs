@@ -41,6 +41,7 @@ pub struct PartitionTable {
 /// A table as it arrives from the network, checked before it is one: a decoded table holds
 /// what [`PartitionTable::new`] and [`PartitionTable::next`] promise.
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, Clone))]
 struct Received {
     epoch: Epoch,
     replicas: Vec<Vec<NodeId>>,
@@ -277,6 +278,55 @@ impl PartitionTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// What a decoded table must hold, said apart from the code that checks it.
+    fn sound(r: &Received) -> bool {
+        let p = r.replicas.len();
+        p > 0
+            && r.incoming.len() == p
+            && r.changed.len() == p
+            && r.changed.iter().all(|&c| c <= r.epoch)
+            && r.replicas.iter().zip(&r.incoming).all(|(list, inc)| {
+                let all: Vec<_> = list.iter().chain(inc).collect();
+                let distinct: BTreeSet<_> = all.iter().collect();
+                distinct.len() == all.len() && (inc.is_empty() || !list.is_empty())
+            })
+    }
+
+    fn received() -> impl Strategy<Value = Received> {
+        fn list() -> impl Strategy<Value = Vec<NodeId>> {
+            prop::collection::vec(NodeId::MIN..5, 0..4)
+        }
+        (0usize..5, 0u64..6).prop_flat_map(move |(p, epoch)| {
+            // Mostly of one length, now and then not.
+            let len = move || prop_oneof![8 => Just(p), 1 => 0usize..6];
+            (
+                len().prop_flat_map(move |n| prop::collection::vec(list(), n)),
+                len().prop_flat_map(move |n| prop::collection::vec(list(), n)),
+                len().prop_flat_map(move |n| prop::collection::vec(0u64..7, n)),
+            )
+                .prop_map(move |(replicas, incoming, changed)| Received {
+                    epoch,
+                    replicas,
+                    incoming,
+                    changed,
+                })
+        })
+    }
+
+    proptest! {
+        /// A table is decoded exactly when it holds what `new` and `next` promise: no node
+        /// twice in a partition, nothing copied without a source, one list of each per
+        /// partition, no change later than its epoch. (A partition with no replica decodes:
+        /// it is lost.)
+        #[test]
+        fn a_table_decodes_exactly_when_it_is_sound(r in received()) {
+            let want = sound(&r);
+            let decoded = PartitionTable::try_from(r);
+            prop_assert_eq!(decoded.is_ok(), want, "{:?}", decoded);
+        }
+    }
 
     #[test]
     fn validation() {

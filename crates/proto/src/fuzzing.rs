@@ -109,6 +109,11 @@ pub fn table(data: &[u8]) {
 
 fn table_info(info: &TableInfo) {
     partition_table(&info.table);
+    let fits = info.check(info.config.partitions);
+    assert!(
+        fits.is_ok(),
+        "a decoded table is not one to install: {fits:?}"
+    );
     let partitions = info.config.partitions;
     for key in [0, 1, u64::MAX, 1 << 62, 12_345] {
         let p = meta_partition(key, partitions);
@@ -160,10 +165,12 @@ mod tests {
                 replication: 2,
             },
             table,
-            nodes: vec![NodeAddr {
-                id: 1,
-                addr: "127.0.0.2:7000".parse().unwrap(),
-            }],
+            nodes: (1..=3)
+                .map(|id| NodeAddr {
+                    id,
+                    addr: std::net::SocketAddr::from(([127, 0, 0, 1 + id as u8], 7000)),
+                })
+                .collect(),
         }
     }
 

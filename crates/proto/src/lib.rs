@@ -4,8 +4,9 @@
 //! * [`frame`]: length-prefixed frames: a fixed prefix, the header, then the raw payload (stripe
 //!   bytes travel as-is, never re-encoded).
 //! * [`auth`]: the handshake that proves both ends know the cluster secret.
-//! * [`rpc`]: a multiplexed connection (many requests in flight, matched by request id) and the
-//!   serving loop used by the manager and the storage servers.
+//! * [`rpc`]: a multiplexed connection (many requests in flight, matched by request id;
+//!   `rpc/client.rs`) and the serving loop used by the manager and the storage servers
+//!   (`rpc/server.rs`).
 //! * [`lane`]: a connection one thread uses synchronously (request, then the answer read by
 //!   that thread itself), for metadata calls whose latency is a chain of wake-ups.
 //! * [`conns`]: a set of connections, one per peer, remade once broken (client and server).
@@ -34,7 +35,7 @@ pub use pool::BufferPool;
 pub use ratelimit::RateLimit;
 pub use rpc::{
     serve, Conn, Handler, NoticeSink, Reply, RpcClient, RpcConfig, RpcError, Sink, Waiter, Watcher,
-    FRAME_TIMEOUT, MAX_HANDSHAKING, OUTBOX_MAX,
+    FRAME_TIMEOUT, MAX_CONNECTIONS, MAX_DETACHED, MAX_HANDSHAKING, OUTBOX_MAX,
 };
 
 /// Version of the protocol spoken by this build; both ends must agree. Raise it with any change

@@ -631,7 +631,8 @@ pub struct NodeAddr {
 }
 
 /// Everything a client or server needs to route requests. Decoded only with a table of the
-/// configured number of partitions.
+/// configured number of partitions and an address for every node it lists ([`Self::check`]);
+/// the table's own lists are checked as it is decoded (`PartitionTable`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "UncheckedTableInfo")]
 pub struct TableInfo {
@@ -651,18 +652,38 @@ impl TryFrom<UncheckedTableInfo> for TableInfo {
     type Error = String;
 
     fn try_from(t: UncheckedTableInfo) -> Result<Self, String> {
-        if t.table.partitions() != t.config.partitions {
-            return Err(format!(
-                "a table of {} partitions for a cluster of {}",
-                t.table.partitions(),
-                t.config.partitions
-            ));
-        }
-        Ok(Self {
+        let info = Self {
             config: t.config,
             table: t.table,
             nodes: t.nodes,
-        })
+        };
+        info.check(info.config.partitions).map(|()| info)
+    }
+}
+
+impl TableInfo {
+    /// Is this a table to install in a cluster of `partitions` partitions (as the installer
+    /// knows it)? Its table and its settings have that many, and every node its table lists
+    /// has an address. A partition with no replica is not refused: it is lost (EIO).
+    pub fn check(&self, partitions: u32) -> Result<(), String> {
+        if self.table.partitions() != partitions || self.config.partitions != partitions {
+            return Err(format!(
+                "a table of {} partitions (settings of {}) for a cluster of {partitions}",
+                self.table.partitions(),
+                self.config.partitions
+            ));
+        }
+        match self
+            .table
+            .nodes()
+            .into_iter()
+            .find(|&n| !self.nodes.iter().any(|a| a.id == n))
+        {
+            Some(n) => Err(format!(
+                "the table lists node {n} but gives no address for it"
+            )),
+            None => Ok(()),
+        }
     }
 }
 
@@ -772,6 +793,45 @@ mod tests {
             );
             proptest::prop_assert_eq!(Timespec::from(st), t);
         }
+    }
+
+    fn info(partitions: u32, lists: Vec<Vec<NodeId>>, addrs: &[NodeId]) -> TableInfo {
+        TableInfo {
+            config: ClusterConfig {
+                partitions,
+                stripe_size: 1 << 20,
+                replication: 2,
+            },
+            table: PartitionTable::new(1, lists).unwrap(),
+            nodes: addrs
+                .iter()
+                .map(|&id| NodeAddr {
+                    id,
+                    addr: SocketAddr::from(([127, 0, 0, 1], 7000 + id as u16)),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_table_info_fits_its_cluster_and_names_every_node_it_lists() {
+        let good = info(2, vec![vec![1, 2], vec![2, 1]], &[1, 2, 3]);
+        assert_eq!(good.check(2), Ok(()));
+        let decode = |i: &TableInfo| {
+            postcard::from_bytes::<TableInfo>(&postcard::to_allocvec(i).unwrap()).map_err(|_| ())
+        };
+        assert_eq!(decode(&good), Ok(good.clone()));
+        assert!(good.check(3).is_err(), "another cluster's partition count");
+        let unknown = info(2, vec![vec![1, 2], vec![2, 4]], &[1, 2]);
+        assert!(unknown.check(2).unwrap_err().contains("node 4"));
+        assert!(
+            decode(&unknown).is_err(),
+            "decoded with a node without address"
+        );
+        let mut torn = good;
+        torn.config.partitions = 3;
+        assert!(torn.check(2).is_err() && torn.check(3).is_err());
+        assert!(decode(&torn).is_err());
     }
 
     #[test]

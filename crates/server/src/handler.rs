@@ -6,23 +6,25 @@
 //! then applies the change itself, one change per partition at a time: every replica applies
 //! the same changes in the same order, and a conditional change (exclusive create, remove if
 //! empty) decides the same way everywhere. A copy being built (rebuild, migration) is filled by
-//! [`crate::sync`] pulling snapshots and deltas from the primary ([`Op::SyncPull`]).
+//! [`crate::sync`] pulling snapshots and deltas from the primary ([`Op::SyncPull`], answered
+//! there by `sync` too).
 
+use crate::node::{err, now, ok, stale, Answer, Installed, Node};
+use crate::peers::Peers;
 use crate::purge;
 use crate::rename_lock::RenameLock;
-use crate::store::{Delta, Links, Snapshot, Store};
+use crate::store::{Links, Store};
+use crate::sync::{self, Copies};
 use crate::valid;
 use crate::watch::{self, Watches};
-use bytes::{Bytes, BytesMut};
-use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use bytes::Bytes;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 use tessera_placement::{Epoch, Ino, NodeId, PartitionId};
 use tessera_proto::{
-    BufferPool, ClusterConfig, Conn, Conns, ErrorCode, Handler, NodeStats, Notice, Op, Reply,
-    Request, Response, RpcConfig, TableInfo, Watcher, RECALL_PATIENCE, RENAME_LEASE,
+    BufferPool, ClusterConfig, Conn, ErrorCode, Handler, NodeStats, Notice, Op, Reply, Request,
+    Response, RpcConfig, TableInfo, Watcher, RECALL_PATIENCE, RENAME_LEASE,
 };
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
@@ -30,36 +32,6 @@ use tracing::{debug, info, warn};
 /// How long a primary keeps trying to reach a mirror before failing a change (the manager
 /// declares a dead server within a few seconds, which ends the wait sooner).
 const FORWARD_PATIENCE: Duration = Duration::from_secs(30);
-/// A fence that the table has not lifted by then is lifted anyway (the sync was abandoned).
-pub const FENCE_TIMEOUT: Duration = Duration::from_secs(5);
-/// A sync page carries at most this many stripe bytes, or this many items.
-const PAGE_BYTES: usize = 16 << 20;
-const PAGE_ITEMS: usize = 8192;
-
-/// A partition table and the partitions this node holds in it (node-wide operations visit
-/// only those).
-pub struct Installed {
-    pub info: TableInfo,
-    /// Sorted.
-    held: Vec<PartitionId>,
-    /// The latest change epoch of any partition this node holds or receives: node-wide
-    /// operations routed before it may have missed a copy here.
-    node_changed: Epoch,
-}
-
-impl Installed {
-    pub(crate) fn held(&self) -> &[PartitionId] {
-        &self.held
-    }
-}
-
-/// One node's pull of one partition, as the primary sees it: the last snapshot sent and the
-/// round being paged through.
-struct Session {
-    round: u32,
-    base: Snapshot,
-    delta: Delta,
-}
 
 pub struct NodeHandler {
     node: NodeId,
@@ -69,10 +41,10 @@ pub struct NodeHandler {
     table: RwLock<Option<Arc<Installed>>>,
     /// Wakes the heartbeat task to fetch the table now.
     refresh: Notify,
-    /// Wakes the sync task when a new table is installed.
-    pub(crate) installed: Notify,
+    /// Wakes the sync task, and changes waiting on a mirror, when a new table is installed.
+    installed: Notify,
     load: AtomicU32,
-    pub(crate) peers: Conns<SocketAddr>,
+    peers: Peers,
     /// One replicated metadata change (or fencing) per partition at a time, at the primary.
     meta_locks: Vec<tokio::sync::Mutex<()>>,
     /// Callback promises made to subscribed connections, per partition.
@@ -81,29 +53,16 @@ pub struct NodeHandler {
     relinquished: Notify,
     /// Held by directory renames across parents, at the primary of the root's partition.
     rename_lock: Arc<RenameLock>,
-    sessions: Mutex<HashMap<(PartitionId, NodeId), Session>>,
     /// Deleted files whose stripes are still to be dropped ([`crate::purge`]).
-    pub(crate) purge: purge::Queue,
-    /// Partitions fenced for a sync's last round: the epoch they were fenced at, and when.
-    fences: Mutex<HashMap<PartitionId, (Epoch, Instant)>>,
+    purge: purge::Queue,
+    /// Partition copies sent and received ([`crate::sync`]).
+    pub(crate) copies: Copies,
     /// Fault injection: every stripe request waits this long first (a slow node).
     fault_delay: Duration,
-    pub(crate) syncing: AtomicU32,
-    pub(crate) synced_bytes: AtomicU64,
 }
-
-type Answer = (Response, Bytes);
 
 /// How often a change waiting for a recalled promise looks whether its holders are gone.
 const RECALL_POLL: Duration = Duration::from_millis(50);
-
-fn err(e: ErrorCode) -> Answer {
-    (Response::Error(e), Bytes::new())
-}
-
-fn stale(current: Epoch) -> ErrorCode {
-    ErrorCode::StaleEpoch { current }
-}
 
 /// Metadata operations that change state: these are replicated through the primary.
 fn is_meta_change(op: &Op) -> bool {
@@ -142,19 +101,16 @@ impl NodeHandler {
             refresh: Notify::new(),
             installed: Notify::new(),
             load: AtomicU32::new(0),
-            peers: Conns::new(rpc),
+            peers: Peers::new(rpc),
             meta_locks: (0..config.partitions)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
             watches: Watches::new(config.partitions, watch::MAX_PROMISES),
             relinquished: Notify::new(),
             rename_lock: Arc::default(),
-            sessions: Mutex::default(),
             purge: purge::Queue::default(),
-            fences: Mutex::default(),
+            copies: Copies::default(),
             fault_delay: Duration::ZERO,
-            syncing: AtomicU32::new(0),
-            synced_bytes: AtomicU64::new(0),
         }
     }
 
@@ -166,27 +122,18 @@ impl NodeHandler {
         self
     }
 
-    #[must_use]
-    pub fn node(&self) -> NodeId {
-        self.node
-    }
-
-    pub(crate) fn table(&self) -> Option<Arc<Installed>> {
-        self.table
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    #[must_use]
-    pub fn epoch(&self) -> Option<Epoch> {
-        self.table().map(|t| t.info.table.epoch())
-    }
-
-    /// Installs a table (ignoring one older than ours): abandons the promises of partitions
-    /// this node is no longer primary of, forgets partitions it no longer holds or receives,
-    /// and lifts fences the table settled.
+    /// Installs a table (ignoring one older than ours, and refusing one that does not fit the
+    /// cluster: `TableInfo::check`): abandons the promises of partitions this node is no
+    /// longer primary of, forgets partitions it no longer holds or receives, and lifts fences
+    /// the table settled.
     pub fn install(&self, info: TableInfo) {
+        if let Err(e) = info.check(self.config.partitions) {
+            warn!(
+                epoch = info.table.epoch(),
+                "refusing a partition table: {e}"
+            );
+            return;
+        }
         let old = {
             let mut t = self.table.write().unwrap_or_else(PoisonError::into_inner);
             if t.as_ref()
@@ -232,54 +179,13 @@ impl NodeHandler {
                 }
             }
         }
-        self.lift_fences(|p, at, _| table.changed(p) > at);
+        self.copies.table_installed(&self.store, table, self.node);
         self.purge.table_changed();
-        self.sessions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|&(p, n), _| table.primary(p) == Some(self.node) && table.receives(n, p));
         self.installed.notify_waiters();
-    }
-
-    fn lift_fences(&self, done: impl Fn(PartitionId, Epoch, Instant) -> bool) {
-        let mut fences = self.fences.lock().unwrap_or_else(PoisonError::into_inner);
-        fences.retain(|&p, &mut (at, since)| {
-            if done(p, at, since) {
-                let _ = self.store.fence(p, false);
-                false
-            } else {
-                true
-            }
-        });
-    }
-
-    /// Lifts fences the table never settled (an abandoned sync). Returns whether any remain:
-    /// while some do, the table is worth polling often.
-    pub fn expire_fences(&self) -> bool {
-        let now = Instant::now();
-        self.lift_fences(|p, _, since| {
-            let expired = now.duration_since(since) > FENCE_TIMEOUT;
-            if expired {
-                warn!(
-                    partition = p,
-                    "lifting a sync fence the table never settled"
-                );
-            }
-            expired
-        });
-        !self
-            .fences
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_empty()
     }
 
     pub async fn refresh_wanted(&self) {
         self.refresh.notified().await;
-    }
-
-    pub(crate) fn want_refresh(&self) {
-        self.refresh.notify_one();
     }
 
     #[must_use]
@@ -296,8 +202,8 @@ impl NodeHandler {
             meta_ops: c.meta_ops.load(Ordering::Relaxed),
             bytes_read: c.bytes_read.load(Ordering::Relaxed),
             bytes_written: c.bytes_written.load(Ordering::Relaxed),
-            syncing: self.syncing.load(Ordering::Relaxed),
-            synced_bytes: self.synced_bytes.load(Ordering::Relaxed),
+            syncing: self.copies.syncing.load(Ordering::Relaxed),
+            synced_bytes: self.copies.synced_bytes.load(Ordering::Relaxed),
             epoch: self.epoch().unwrap_or(0),
         }
     }
@@ -354,7 +260,7 @@ impl NodeHandler {
             fence,
         } = op
         {
-            return self.sync_pull(&t, epoch, partition, node, round, from, fence);
+            return sync::pull(self, &t, epoch, partition, node, round, from, fence);
         }
         if let Err(e) = self.check(&t, epoch, part) {
             return now(err(e));
@@ -567,7 +473,7 @@ impl NodeHandler {
             }
             let answer = {
                 // A hung mirror never answers: a table that drops it ends the wait.
-                let call = self.call_node(&t.info, m, &req);
+                let call = self.peers.call(&t.info, m, &req);
                 tokio::pin!(call);
                 loop {
                     let installed = self.installed.notified();
@@ -610,25 +516,6 @@ impl NodeHandler {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-    }
-
-    /// Sends `req` to node `n` of table `info`: its answer, or why none came.
-    pub(crate) async fn call_node(
-        &self,
-        info: &TableInfo,
-        n: NodeId,
-        req: &Request,
-    ) -> Result<(Response, Bytes), String> {
-        let addr = info
-            .nodes
-            .iter()
-            .find(|a| a.id == n)
-            .map(|a| a.addr)
-            .ok_or_else(|| format!("node {n} has no address in the table"))?;
-        let conn = self.peers.to(addr).await.map_err(|e| e.to_string())?;
-        conn.call(req, Bytes::new())
-            .await
-            .map_err(|e| e.to_string())
     }
 
     /// A change forwarded by the primary of its partition.
@@ -764,128 +651,58 @@ impl NodeHandler {
         };
         result.unwrap_or_else(err)
     }
-
-    /// The primary's side of a sync: page `from` of round `round` of `node`'s pull of
-    /// partition `p`. Page 0 takes a new snapshot (fencing the partition first, if asked).
-    #[allow(clippy::too_many_arguments)]
-    fn sync_pull(
-        self: &Arc<Self>,
-        t: &Installed,
-        epoch: Epoch,
-        p: PartitionId,
-        node: NodeId,
-        round: u32,
-        from: u64,
-        fence: bool,
-    ) -> Reply {
-        let table = &t.info.table;
-        if epoch > table.epoch() {
-            self.want_refresh();
-            return now(err(stale(table.epoch())));
-        }
-        if p >= table.partitions() {
-            return now(err(ErrorCode::Invalid(format!("no partition {p}"))));
-        }
-        if table.primary(p) != Some(self.node)
-            || !table.receives(node, p)
-            || epoch < table.changed(p)
-        {
-            return now(err(stale(table.epoch())));
-        }
-        if from > 0 {
-            return now(self.page(p, node, round, from));
-        }
-        let fence_epoch = table.epoch();
-        if !fence {
-            return now(self.start_round(p, node, round));
-        }
-        // Fenced after any replicated change in flight on this partition has finished.
-        let h = self.clone();
-        Reply::Later(Box::pin(async move {
-            let _one_at_a_time = h.meta_locks[p as usize].lock().await;
-            if let Err(e) = h.store.fence(p, true) {
-                return err(e);
-            }
-            h.fences
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(p, (fence_epoch, Instant::now()));
-            h.start_round(p, node, round)
-        }))
-    }
-
-    /// Starts round `round` of `node`'s pull of `p`: a snapshot, and its changes since the
-    /// previous round's snapshot (everything, for round 0).
-    fn start_round(&self, p: PartitionId, node: NodeId, round: u32) -> Answer {
-        let snap = match self.store.snapshot(p) {
-            Ok(s) => s,
-            Err(e) => return err(e),
-        };
-        let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
-        let base = match sessions.remove(&(p, node)) {
-            _ if round == 0 => None,
-            Some(s) if s.round.checked_add(1) == Some(round) => Some(s.base),
-            _ => {
-                return err(ErrorCode::Invalid(format!(
-                    "no round {} of partition {p} to continue from: start the copy again",
-                    round - 1
-                )))
-            }
-        };
-        let delta = snap.delta_from(base.as_ref());
-        sessions.insert(
-            (p, node),
-            Session {
-                round,
-                base: snap,
-                delta,
-            },
-        );
-        drop(sessions);
-        self.page(p, node, round, 0)
-    }
-
-    fn page(&self, p: PartitionId, node: NodeId, round: u32, from: u64) -> Answer {
-        let sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(s) = sessions.get(&(p, node)).filter(|s| s.round == round) else {
-            return err(ErrorCode::Invalid(format!(
-                "no round {round} of partition {p} in progress: start the copy again"
-            )));
-        };
-        let items = &s.delta.items;
-        let start = usize::try_from(from).unwrap_or(usize::MAX).min(items.len());
-        // Stripe bytes of the items before `start`, to find where this page's data begins.
-        let mut stripe_no = items[..start]
-            .iter()
-            .filter(|i| matches!(i, tessera_proto::SyncItem::Stripe { .. }))
-            .count();
-        let mut out = Vec::new();
-        let mut data = BytesMut::new();
-        let mut end = start;
-        while end < items.len() && out.len() < PAGE_ITEMS && data.len() < PAGE_BYTES {
-            if matches!(items[end], tessera_proto::SyncItem::Stripe { .. }) {
-                data.extend_from_slice(&s.delta.data[stripe_no]);
-                stripe_no += 1;
-            }
-            out.push(items[end].clone());
-            end += 1;
-        }
-        let next = (end < items.len()).then_some(end as u64);
-        (Response::SyncPage { items: out, next }, data.freeze())
-    }
 }
 
-fn now(a: Answer) -> Reply {
-    Reply::Now(a.0, a.1)
-}
-fn ok() -> Answer {
-    (Response::Ok, Bytes::new())
-}
 fn inode(i: tessera_proto::Inode) -> Answer {
     (Response::Inode(i), Bytes::new())
 }
 fn answer_links(nlink: u32) -> Answer {
     (Response::Links { nlink }, Bytes::new())
+}
+
+impl Node for NodeHandler {
+    fn id(&self) -> NodeId {
+        self.node
+    }
+
+    fn table(&self) -> Option<Arc<Installed>> {
+        self.table
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn store(&self) -> &Store {
+        &self.store
+    }
+
+    fn peers(&self) -> &Peers {
+        &self.peers
+    }
+
+    fn want_refresh(&self) {
+        self.refresh.notify_one();
+    }
+}
+
+impl purge::Host for NodeHandler {
+    fn queue(&self) -> &purge::Queue {
+        &self.purge
+    }
+}
+
+impl sync::Host for NodeHandler {
+    fn copies(&self) -> &Copies {
+        &self.copies
+    }
+
+    fn installed(&self) -> &Notify {
+        &self.installed
+    }
+
+    fn meta_lock(&self, p: PartitionId) -> &tokio::sync::Mutex<()> {
+        &self.meta_locks[p as usize]
+    }
 }
 
 /// The RPC face of a node: requests come in through here.
@@ -1050,5 +867,21 @@ mod tests {
             ),
             "{stats:?}"
         );
+    }
+
+    /// A table of another partition count, or naming a node without an address, is refused.
+    #[test]
+    fn a_table_that_does_not_fit_the_cluster_is_not_installed() {
+        let (h, info) = handler(1);
+        let mut unfit = info.clone();
+        unfit.table = PartitionTable::new(3, vec![vec![1]; P as usize + 1]).unwrap();
+        unfit.config.partitions = P + 1;
+        h.0.install(unfit);
+        let mut unknown = info.clone();
+        unknown.table = PartitionTable::new(3, vec![vec![1, 3]; P as usize]).unwrap();
+        h.0.install(unknown);
+        assert_eq!(h.0.epoch(), None);
+        h.0.install(info);
+        assert_eq!(h.0.epoch(), Some(3));
     }
 }

@@ -1,9 +1,15 @@
 //! The Tessera storage server: holds a node's partitions in memory ([`store`]) and serves them
 //! over the wire protocol, checking every request's table epoch and partition ownership and
-//! forwarding metadata changes to mirrors ([`handler`]); receives partition copies from other
-//! servers ([`sync`]); registers with the manager and reports its statistics in heartbeats.
+//! forwarding metadata changes to mirrors ([`handler`]); sends and receives partition copies
+//! ([`sync`]); drops deleted files' stripes ([`purge`]); registers with the manager and reports
+//! its statistics in heartbeats.
+//!
+//! Modules use one another one way: `handler` uses `sync` and `purge`, which see the server
+//! only through the traits of `node` ([`node::Node`], `sync::Host`, `purge::Host`).
 
 pub mod handler;
+mod node;
+mod peers;
 mod purge;
 mod rename_lock;
 pub mod store;
@@ -12,6 +18,7 @@ mod valid;
 pub mod watch;
 
 use handler::{NodeHandler, Service};
+use node::Node;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -242,14 +249,14 @@ async fn rejoin(
         return Some(false);
     };
     let req = Request::Rejoin {
-        node: h.node(),
+        node: h.id(),
         addr,
         capacity: opts.capacity,
         label: opts.label.clone(),
         table,
     };
     match c.call(&req, bytes::Bytes::new()).await {
-        Ok((Response::Registered { node, .. }, _)) if node == h.node() => {
+        Ok((Response::Registered { node, .. }, _)) if node == h.id() => {
             info!(node, "rejoined a restarted manager");
             Some(true)
         }
@@ -276,7 +283,7 @@ async fn heartbeat(
     let mut conn = Some(manager);
     let mut reachable = true;
     loop {
-        let pause = if handler.expire_fences() {
+        let pause = if handler.copies.expire_fences(&handler.store) {
             FENCED_POLL
         } else {
             opts.heartbeat
@@ -302,7 +309,7 @@ async fn heartbeat(
         }
         let Some(c) = conn.as_ref() else { continue };
         let hb = Request::Heartbeat {
-            node: handler.node(),
+            node: handler.id(),
             addr,
             stats: handler.stats(),
         };
@@ -310,7 +317,7 @@ async fn heartbeat(
             Ok((Response::HeartbeatAck { epoch }, _)) => epoch,
             Ok((Response::Retired, _)) => {
                 info!("drained and retired by the manager: exiting");
-                purge::finish(&handler, RETIRED_PURGE_WAIT).await;
+                purge::finish(&*handler, RETIRED_PURGE_WAIT).await;
                 return Ended::Retired;
             }
             Ok((Response::Error(ErrorCode::NotFound), _)) => {

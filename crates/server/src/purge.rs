@@ -17,7 +17,7 @@
 //! after every new table, when such a copy has become its holder's, also while their first
 //! drop is still waiting for a node.
 
-use crate::handler::NodeHandler;
+use crate::node::Node;
 use crate::store::lock;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -106,31 +106,36 @@ impl Queue {
     }
 }
 
+/// What dropping deleted files needs of a server beyond the [`Node`]: its queue.
+pub trait Host: Node {
+    fn queue(&self) -> &Queue;
+}
+
 /// Drops queued files until the server stops.
-pub async fn run(h: Arc<NodeHandler>) {
+pub async fn run(h: Arc<impl Host>) {
     let mut last: Option<tokio::time::Instant> = None;
     loop {
-        h.purge.wake.notified().await;
+        h.queue().wake.notified().await;
         if let Some(at) = last {
             tokio::time::sleep_until(at + GATHER).await;
         }
         last = Some(tokio::time::Instant::now());
-        send_queued(&h).await;
+        send_queued(&*h).await;
     }
 }
 
 /// A retired server's queue would die with it: it drops what is queued or on its way (a redo
 /// after the table that took its last partition) before it exits, for at most `within`.
-pub async fn finish(h: &NodeHandler, within: Duration) {
+pub async fn finish(h: &impl Host, within: Duration) {
     if tokio::time::timeout(within, send_queued(h)).await.is_err() {
         warn!("exiting with deleted files' stripes not yet dropped everywhere");
     }
 }
 
-async fn send_queued(h: &NodeHandler) {
-    let _sending = h.purge.sending.lock().await;
+async fn send_queued(h: &impl Host) {
+    let _sending = h.queue().sending.lock().await;
     loop {
-        let files = h.purge.take();
+        let files = h.queue().take();
         if files.is_empty() {
             return;
         }
@@ -143,15 +148,15 @@ async fn send_queued(h: &NodeHandler) {
 /// Drops `files` on node `n`: done when it answered, or left the table. A partition fenced
 /// for the last round of a copy refuses for a moment (`NotReady`): tried again, as a node not
 /// reachable yet.
-async fn drop_at(h: &NodeHandler, n: NodeId, files: &[Ino]) {
+async fn drop_at(h: &impl Host, n: NodeId, files: &[Ino]) {
     let deadline = Instant::now() + PATIENCE;
     loop {
         let Some(t) = h.table() else { return };
         if !t.info.table.nodes().contains(&n) {
             return;
         }
-        let outcome = if n == h.node() {
-            h.store.drop_files(t.held(), files)
+        let outcome = if n == h.id() {
+            h.store().drop_files(&t.held, files)
         } else {
             ask(h, &t.info, n, files).await
         };
@@ -177,14 +182,14 @@ async fn drop_at(h: &NodeHandler, n: NodeId, files: &[Ino]) {
 }
 
 /// Sends `files` to node `n` to drop; its error, or `NotReady` if it did not answer.
-async fn ask(h: &NodeHandler, info: &TableInfo, n: NodeId, files: &[Ino]) -> Result<(), ErrorCode> {
+async fn ask(h: &impl Host, info: &TableInfo, n: NodeId, files: &[Ino]) -> Result<(), ErrorCode> {
     let req = Request::Op {
         epoch: info.table.epoch(),
         op: Op::DropFiles {
             files: files.to_vec(),
         },
     };
-    match h.call_node(info, n, &req).await {
+    match h.peers().call(info, n, &req).await {
         Ok((Response::Error(e), _)) => Err(e),
         Ok(_) => Ok(()),
         Err(e) => {

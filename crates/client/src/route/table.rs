@@ -127,7 +127,10 @@ impl Manager {
         };
         let info = loop {
             match manager.call(&Request::GetTable, Bytes::new()).await?.0 {
-                Response::Table(info) => break info,
+                Response::Table(info) => {
+                    info.check(info.config.partitions).map_err(Error::Invalid)?;
+                    break info;
+                }
                 Response::Error(ErrorCode::NotReady(why)) => {
                     if Instant::now() > deadline {
                         return Err(Error::Unavailable(format!(
@@ -230,6 +233,10 @@ impl<T: Transport> Router<T> {
         *self.fetched.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
         match resp {
             Response::Table(info) => {
+                // The partition count is the cluster's for its life: a table of another is not
+                // this cluster's.
+                info.check(self.config().partitions)
+                    .map_err(|e| Error::Invalid(format!("refusing a partition table: {e}")))?;
                 if info.table.epoch() != seen {
                     debug!(
                         from = seen,

@@ -1,5 +1,4 @@
-//! The receiving side of a partition copy (a rebuild after a lost server, or a migration):
-//! for every partition the table says this node receives, pull it from the partition's
+//! The receiving side of a partition copy: for every partition the table says this node receives, pull it from the partition's
 //! primary while the partition keeps serving: a snapshot, then the changes since the previous
 //! round, until a round is small; then one last round with the partition fenced (changes to
 //! it alone wait, for the length of that round and of the table update), and tell the
@@ -7,7 +6,7 @@
 //!
 //! Copies are throttled (`sync_rate` bytes per second per node) so foreground I/O goes on.
 
-use crate::handler::NodeHandler;
+use super::Host;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -38,38 +37,41 @@ enum SyncError {
 }
 
 /// Runs forever: starts the copies the current table asks of this node.
-pub async fn run(h: Arc<NodeHandler>, manager: SocketAddr, rate: u64) {
+pub async fn run(h: Arc<impl Host>, manager: SocketAddr, rate: u64) {
     let active: Arc<Mutex<HashSet<PartitionId>>> = Arc::default();
     // Copies reported done, by the partition's change epoch then: not started again while the
     // table still shows them incoming (the manager's next epoch is on its way).
     let mut done: HashMap<PartitionId, Epoch> = HashMap::new();
-    let (tx, mut finished) = tokio::sync::mpsc::unbounded_channel::<(PartitionId, Epoch, bool)>();
+    // Each copy task sends one message, and at most `PARALLEL` tasks run (a partition leaves
+    // `active` only once its message is received): the channel never holds more, and a send
+    // never waits.
+    let (tx, mut finished) = tokio::sync::mpsc::channel::<(PartitionId, Epoch, bool)>(PARALLEL);
     loop {
-        let woken = h.installed.notified();
+        let woken = h.installed().notified();
         if let Some(t) = h.table() {
             let table = &t.info.table;
-            done.retain(|&p, &mut at| table.receives(h.node(), p) && table.changed(p) == at);
+            done.retain(|&p, &mut at| table.receives(h.id(), p) && table.changed(p) == at);
             let mut act = active.lock().unwrap_or_else(PoisonError::into_inner);
             for p in 0..table.partitions() {
                 if act.len() >= PARALLEL {
                     break;
                 }
-                if !table.receives(h.node(), p) || act.contains(&p) || done.contains_key(&p) {
+                if !table.receives(h.id(), p) || act.contains(&p) || done.contains_key(&p) {
                     continue;
                 }
                 act.insert(p);
                 let (h, tx, changed) = (h.clone(), tx.clone(), table.changed(p));
                 tokio::spawn(async move {
-                    h.syncing.fetch_add(1, Ordering::Relaxed);
-                    let ok = match copy(&h, p, manager, rate / PARALLEL as u64).await {
+                    h.copies().syncing.fetch_add(1, Ordering::Relaxed);
+                    let ok = match copy(&*h, p, manager, rate / PARALLEL as u64).await {
                         Ok(()) => true,
                         Err(e) => {
                             warn!(partition = p, "copy abandoned: {e}");
                             false
                         }
                     };
-                    h.syncing.fetch_sub(1, Ordering::Relaxed);
-                    let _ = tx.send((p, changed, ok));
+                    h.copies().syncing.fetch_sub(1, Ordering::Relaxed);
+                    let _ = tx.send((p, changed, ok)).await;
                 });
             }
         }
@@ -91,7 +93,7 @@ pub async fn run(h: Arc<NodeHandler>, manager: SocketAddr, rate: u64) {
 
 /// Copies partition `p` from its primary, then reports it to the manager.
 async fn copy(
-    h: &NodeHandler,
+    h: &impl Host,
     p: PartitionId,
     manager: SocketAddr,
     rate: u64,
@@ -113,23 +115,23 @@ async fn copy(
         .ok_or_else(|| SyncError::Moved(format!("node {source} has no address")))?;
     drop(t);
     let started = Instant::now();
-    let _ = h.store.clear(p);
+    let _ = h.store().clear(p);
     let result = rounds(h, p, source, addr, rate).await;
     let bytes = match result {
         Ok(b) => b,
         Err(e) => {
-            let _ = h.store.clear(p);
+            let _ = h.store().clear(p);
             return Err(e);
         }
     };
     let epoch = h.epoch().unwrap_or(0);
     let conn = h
-        .peers
-        .to(manager)
+        .peers()
+        .get(manager)
         .await
         .map_err(|e| SyncError::Failed(format!("manager unreachable: {e}")))?;
     let req = Request::SyncDone {
-        node: h.node(),
+        node: h.id(),
         partition: p,
         epoch,
     };
@@ -140,7 +142,7 @@ async fn copy(
             Ok(())
         }
         Ok((other, _)) => {
-            let _ = h.store.clear(p);
+            let _ = h.store().clear(p);
             Err(SyncError::Moved(format!(
                 "the manager declined the copy: {other:?}"
             )))
@@ -151,7 +153,7 @@ async fn copy(
 
 /// Pulls rounds until the fenced last one is applied. Returns the bytes received.
 async fn rounds(
-    h: &NodeHandler,
+    h: &impl Host,
     p: PartitionId,
     source: NodeId,
     addr: SocketAddr,
@@ -178,7 +180,7 @@ async fn rounds(
 /// One round, page by page. Returns the number of changes it carried.
 #[allow(clippy::too_many_arguments)]
 async fn pull_round(
-    h: &NodeHandler,
+    h: &impl Host,
     p: PartitionId,
     source: NodeId,
     addr: SocketAddr,
@@ -193,7 +195,7 @@ async fn pull_round(
     let mut stale = 0u32;
     loop {
         let still = h.table().is_some_and(|t| {
-            t.info.table.receives(h.node(), p) && t.info.table.primary(p) == Some(source)
+            t.info.table.receives(h.id(), p) && t.info.table.primary(p) == Some(source)
         });
         if !still {
             return Err(SyncError::Moved(format!(
@@ -205,15 +207,15 @@ async fn pull_round(
             epoch,
             op: Op::SyncPull {
                 partition: p,
-                node: h.node(),
+                node: h.id(),
                 round,
                 from,
                 fence,
             },
         };
         let conn = h
-            .peers
-            .to(addr)
+            .peers()
+            .get(addr)
             .await
             .map_err(|e| SyncError::Failed(format!("source node {source} unreachable: {e}")))?;
         let (resp, data) = conn
@@ -224,9 +226,10 @@ async fn pull_round(
             Response::SyncPage { items, next } => {
                 changes += items.len();
                 *bytes += data.len() as u64;
-                h.synced_bytes
+                h.copies()
+                    .synced_bytes
                     .fetch_add(data.len() as u64, Ordering::Relaxed);
-                h.store
+                h.store()
                     .apply_sync(p, items, &data)
                     .map_err(|e| SyncError::Failed(format!("cannot store the copy: {e}")))?;
                 match next {
