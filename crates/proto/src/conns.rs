@@ -74,6 +74,24 @@ impl<K: Eq + Hash> Conns<K> {
         true
     }
 
+    /// Shuts and forgets the connections to peers `keep` rejects (peers that left): what
+    /// waits on them fails at once instead of at its timeout.
+    pub fn forget(&self, keep: impl Fn(&K) -> bool) {
+        let gone: Vec<Cell> = {
+            let mut conns = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
+            let gone = conns
+                .iter()
+                .filter(|(k, _)| !keep(k))
+                .map(|(_, c)| c.clone());
+            let gone = gone.collect();
+            conns.retain(|k, _| keep(k));
+            gone
+        };
+        for c in gone.iter().filter_map(|c| c.get()) {
+            c.shut("the peer left the cluster");
+        }
+    }
+
     /// The sink given to [`Self::subscribe`], if it was called.
     #[must_use]
     pub fn notices(&self) -> Option<&NoticeSink> {

@@ -104,7 +104,8 @@ impl<T: Transport> Router<T> {
         self.transport.reach(node, route.addr(node)?).await
     }
 
-    /// Sends `req` to `node` and waits for the answer; an unreachable node is `Unavailable`.
+    /// Sends `req` to `node` and waits for the answer; an unreachable node, or one the table
+    /// drops while the request waits, is `Unavailable`.
     async fn ask(
         &self,
         route: &Route,
@@ -113,8 +114,13 @@ impl<T: Transport> Router<T> {
         payload: Bytes,
     ) -> Result<(Response, Bytes)> {
         let addr = route.addr(node)?;
-        let reply = self.transport.send(node, addr, req, payload, None).await?;
-        Ok(reply.wait().await?)
+        let asked = async {
+            let reply = self.transport.send(node, addr, req, payload, None).await?;
+            Ok::<_, Error>(reply.wait().await?)
+        };
+        self.unless_dropped(node, None, asked)
+            .await
+            .unwrap_or_else(|| Err(Error::Unavailable(format!("node {node} left the table"))))
     }
 
     /// Sends `op` for `key` to its partition's primary and waits, retrying across table
@@ -201,7 +207,7 @@ impl<T: Transport> Router<T> {
         };
         let on_lane = match lane {
             Some(lane) => self
-                .unless_dropped(node, p, async {
+                .unless_dropped(node, Some(p), async {
                     self.transport
                         .send_on_lane(lane, node, addr, req, payload)
                         .await
@@ -217,7 +223,7 @@ impl<T: Transport> Router<T> {
                 loop {
                     match lane.answer_within(sent, patience) {
                         Heard::Answer(answer) => break Some(answer),
-                        Heard::Quiet(quiet) if self.node_dropped(node, p).await => {
+                        Heard::Quiet(quiet) if self.node_dropped(node, Some(p)).await => {
                             // Dropped, the lane connection goes with the request.
                             drop(quiet);
                             break None;
@@ -236,7 +242,7 @@ impl<T: Transport> Router<T> {
                         .await?;
                     Ok::<_, Error>(reply.wait().await)
                 };
-                match self.unless_dropped(node, p, asked).await {
+                match self.unless_dropped(node, Some(p), asked).await {
                     Some(Err(e)) => return Err(e),
                     Some(Ok(answer)) => Some(answer),
                     None => None,

@@ -294,11 +294,34 @@ impl<T: Transport> Router<T> {
         }
     }
 
+    /// [`Self::race`], given up once the table drops `node` (a replica that stopped answering,
+    /// when no other could be asked): the read then goes to the replicas left.
+    async fn hedged(
+        &self,
+        key: Key,
+        op: &Op,
+        len: u32,
+        node: NodeId,
+        sent: Instant,
+        first: impl std::future::Future<Output = Result<std::result::Result<Bytes, Tried>>>,
+    ) -> Result<std::result::Result<Bytes, Tried>> {
+        let p = self.route().partition(key);
+        let race = self.race(key, op, len, node, sent, first);
+        self.unless_dropped(node, Some(p), race)
+            .await
+            .unwrap_or_else(|| {
+                Ok(Err(Tried {
+                    node,
+                    down: Some("it left the partition table while the read waited".into()),
+                }))
+            })
+    }
+
     /// Waits for a read sent to `node` at `sent`; if it is late (see [`choose::hedge_after`])
     /// and another usable replica exists, sends it there too and takes the first good answer.
     /// A late node is marked slow at once, so the next reads avoid it (CEFT-PVFS's hot-spot
     /// skipping, without waiting for the slow answer to measure it).
-    async fn hedged(
+    async fn race(
         &self,
         key: Key,
         op: &Op,
@@ -383,8 +406,14 @@ impl<T: Transport> Router<T> {
                 tried.clear();
                 continue;
             };
+            let p = route.partition(key);
             let answer = match self.send_tracked(&route, node, op, len, None).await {
-                Ok(t) => t.wait().await.1.map_err(Error::from),
+                Ok(t) => match self.unless_dropped(node, Some(p), t.wait()).await {
+                    Some((_, answer)) => answer.map_err(Error::from),
+                    None => Err(Error::Unavailable(
+                        "it left the partition table while the read waited".into(),
+                    )),
+                },
                 Err(e) => Err(e),
             };
             let outcome = match answer {

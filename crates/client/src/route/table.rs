@@ -248,6 +248,10 @@ impl<T: Transport> Router<T> {
                         sink.deliver(Notice::Reset);
                     }
                 }
+                // Connections to servers that left would hold what was sent to them until
+                // their timeout.
+                self.transport
+                    .forget(|n| info.nodes.iter().any(|a| a.id == *n));
                 *self.route.write().unwrap_or_else(PoisonError::into_inner) =
                     Arc::new(Route::new(info));
                 Ok(())
@@ -292,23 +296,28 @@ impl<T: Transport> Router<T> {
             })
     }
 
-    /// Did `node` leave partition `p` (or the table)? Looks at a table fetched at most
-    /// [`FAILOVER_POLL`] / 2 ago.
-    pub(super) async fn node_dropped(&self, node: NodeId, p: PartitionId) -> bool {
+    /// Did `node` leave partition `p` (`None`: the whole table)? Looks at a table fetched at
+    /// most [`FAILOVER_POLL`] / 2 ago.
+    pub(super) async fn node_dropped(&self, node: NodeId, p: Option<PartitionId>) -> bool {
         let seen = self.route().epoch();
         if let Err(e) = self.fetch_table(seen, FAILOVER_POLL / 2).await {
             debug!("table refresh while waiting for node {node} failed: {e}");
         }
-        !lists(&self.route().info.table, node, p)
+        let table = &self.route().info.table;
+        match p {
+            Some(p) => !lists(table, node, p),
+            None => !lists_anywhere(table, node),
+        }
     }
 
-    /// Waits for `answer`, which `node` gives about partition `p`; `None` if the table drops
-    /// `node` first. A server that stopped answering (hung, cut off) is given up as soon as
-    /// the manager declares it dead, not after the request timeout.
+    /// Waits for `answer`, which `node` gives about partition `p` (`None`: about the node as a
+    /// whole); `None` if the table drops `node` first. A server that stopped answering (hung,
+    /// cut off) is given up as soon as the manager declares it dead, not after the request
+    /// timeout.
     pub(super) async fn unless_dropped<F: std::future::Future>(
         &self,
         node: NodeId,
-        p: PartitionId,
+        p: Option<PartitionId>,
         answer: F,
     ) -> Option<F::Output> {
         tokio::pin!(answer);
@@ -318,11 +327,7 @@ impl<T: Transport> Router<T> {
                 return Some(done);
             }
             if self.node_dropped(node, p).await {
-                debug!(
-                    node,
-                    partition = p,
-                    "gave up waiting: the node left the table"
-                );
+                debug!(node, partition = ?p, "gave up waiting: the node left the table");
                 return None;
             }
             patience = FAILOVER_POLL;

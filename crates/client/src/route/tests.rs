@@ -118,6 +118,8 @@ impl Transport for Memory {
         }
     }
 
+    fn forget(&self, _keep: impl Fn(&NodeId) -> bool) {}
+
     fn subscribe(&self, sink: NoticeSink) -> bool {
         self.notices.set(sink).is_ok()
     }

@@ -43,6 +43,10 @@ pub(crate) trait Transport: Send + Sync + 'static {
     /// Can `node` be reached again (a failover's check for a restarted server)?
     fn reach(&self, node: NodeId, addr: SocketAddr) -> impl Future<Output = Result<()>> + Send;
 
+    /// Ends the connections to the nodes `keep` rejects (they left the table): requests
+    /// waiting on them fail at once.
+    fn forget(&self, keep: impl Fn(&NodeId) -> bool);
+
     /// From now on, answers come with promises and notices go to `sink` (see
     /// `Client::subscribe`). False if it was called before.
     fn subscribe(&self, sink: NoticeSink) -> bool;
@@ -81,6 +85,10 @@ impl Transport for Conns<NodeId> {
     async fn reach(&self, node: NodeId, addr: SocketAddr) -> Result<()> {
         self.get(node, addr).await?;
         Ok(())
+    }
+
+    fn forget(&self, keep: impl Fn(&NodeId) -> bool) {
+        Conns::forget(self, keep);
     }
 
     fn subscribe(&self, sink: NoticeSink) -> bool {

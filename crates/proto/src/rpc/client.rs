@@ -457,6 +457,18 @@ impl RpcClient {
         self.shared.watcher.get().copied()
     }
 
+    /// Ends the connection now: requests waiting for answers fail with `Closed` (`reason`),
+    /// queued frames are dropped, and the socket is shut so its reader ends too. For a peer
+    /// given up on (one that stopped answering and left the table).
+    pub fn shut(&self, reason: &str) {
+        self.shared.close(reason.to_owned());
+        self.sender.abandon();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(self.sender.half.as_ref());
+        // SAFETY: shutdown(2) on the socket this connection owns (still open: `half` lives);
+        // it only ends the traffic, the descriptor is closed when the halves drop.
+        unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+    }
+
     /// True once the connection is gone; a new one must be made.
     #[must_use]
     pub fn is_closed(&self) -> bool {
