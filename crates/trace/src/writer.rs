@@ -14,7 +14,7 @@ use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use xxhash_rust::xxh3::Xxh3Builder;
 
 /// How much memory a writer may use, and how often it writes.
@@ -119,9 +119,15 @@ impl State {
 }
 
 impl Writer {
-    /// Creates `path` (which must not exist), writes `header` and starts the writer thread.
+    /// Creates `path` (which must not exist), writes `header` (its clock set to now: time 0)
+    /// and starts the writer thread.
     pub fn create(path: &Path, header: &Header, opts: &Options) -> std::io::Result<Writer> {
         let mut file = File::options().write(true).create_new(true).open(path)?;
+        let base = Instant::now();
+        let mut header = header.clone();
+        header.unix_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         let head = header.encode();
         file.write_all(&head)?;
         let cap = opts.buffer_bytes.max(REC_MAX + GAP_MAX);
@@ -144,7 +150,6 @@ impl Writer {
             cap,
             strings_cap: opts.strings_bytes,
         });
-        let base = Instant::now();
         let (s, every) = (Arc::clone(&shared), opts.flush_every);
         let written = head.len() as u64;
         let thread = std::thread::Builder::new()
