@@ -37,6 +37,10 @@ pub struct MountArgs {
     /// records that find it full are counted as lost, never waited for.
     #[arg(long, default_value = "16MiB")]
     pub trace_buffer: String,
+    /// A test hook: the trace writer sleeps this many seconds before each write, as on a
+    /// stalled disk.
+    #[arg(long, hide = true, default_value_t = 0.0)]
+    pub trace_stall: f64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -68,6 +72,8 @@ pub async fn run(client: Client, args: &MountArgs) -> Result<()> {
                 .ok()
                 .and_then(|n| usize::try_from(n).ok())
                 .with_context(|| format!("bad --trace-buffer {:?}", args.trace_buffer))?,
+            stall: Duration::try_from_secs_f64(args.trace_stall)
+                .context("--trace-stall must be a number of seconds")?,
             ..tessera_trace::Options::default()
         },
     };

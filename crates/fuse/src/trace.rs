@@ -446,7 +446,8 @@ pub(crate) struct Span {
 }
 
 impl Span {
-    fn end(self, end_ns: u64, result: i64, ino: Option<u64>) {
+    fn end(self, result: i64, ino: Option<u64>) {
+        let end_ns = self.active.writer.now();
         if let (Some(ino), Some(path), true) = (ino, &self.path, self.learns && result >= 0) {
             self.active.learn(ino, Arc::clone(path));
         }
@@ -478,16 +479,16 @@ pub(crate) struct Traced<R> {
 }
 
 impl<R> Traced<R> {
-    /// Sends the answer (`send`), then finishes the record: `result` as a record holds it,
-    /// `ino` the inode a name turned out to be.
+    /// Finishes the record (`result` as a record holds it, `ino` the inode a name turned
+    /// out to be), then sends the answer (`send`). In that order: the program's next request
+    /// comes after this one's record, so one thread's records are in the order of its calls
+    /// (a trace cut short keeps a prefix of each).
     fn answer(self, result: i64, ino: Option<u64>, send: impl FnOnce(R)) {
         let Traced { reply, span } = self;
-        let Some(span) = span else {
-            return send(reply);
-        };
-        let end = span.active.writer.now();
+        if let Some(span) = span {
+            span.end(result, ino);
+        }
         send(reply);
-        span.end(end, result, ino);
     }
 
     /// Who opened the file, for its handle (see the module doc).

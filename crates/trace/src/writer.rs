@@ -27,6 +27,8 @@ pub struct Options {
     pub flush_every: Duration,
     /// Bytes of interned strings kept; past it they are forgotten and defined again.
     pub strings_bytes: usize,
+    /// A test hook: the writer sleeps this long before each chunk, as on a stalled disk.
+    pub stall: Duration,
 }
 
 impl Default for Options {
@@ -35,6 +37,7 @@ impl Default for Options {
             buffer_bytes: 16 << 20,
             flush_every: Duration::from_millis(250),
             strings_bytes: 8 << 20,
+            stall: Duration::ZERO,
         }
     }
 }
@@ -150,11 +153,11 @@ impl Writer {
             cap,
             strings_cap: opts.strings_bytes,
         });
-        let (s, every) = (Arc::clone(&shared), opts.flush_every);
+        let (s, every, stall) = (Arc::clone(&shared), opts.flush_every, opts.stall);
         let written = head.len() as u64;
         let thread = std::thread::Builder::new()
             .name("trace-writer".into())
-            .spawn(move || s.run(file, written, every, base))?;
+            .spawn(move || s.run(file, written, (every, stall), base))?;
         Ok(Writer {
             shared,
             base,
@@ -248,7 +251,14 @@ impl Shared {
     }
 
     /// The writer thread: until stopped, swaps the buffer out and appends it as a chunk.
-    fn run(&self, mut file: File, mut written: u64, every: Duration, base: Instant) -> Stats {
+    fn run(
+        &self,
+        mut file: File,
+        mut written: u64,
+        times: (Duration, Duration),
+        base: Instant,
+    ) -> Stats {
+        let (every, stall) = times;
         let mut spare = Vec::with_capacity(self.cap);
         loop {
             let (mut out, lost, stop, asked) = {
@@ -275,6 +285,7 @@ impl Shared {
                 (std::mem::replace(&mut st.buf, spare), lost, stop, asked)
             };
             if !out.is_empty() {
+                std::thread::sleep(stall);
                 match write_chunk(&mut file, &out) {
                     Ok(n) => written += n,
                     Err(e) => {
