@@ -129,7 +129,7 @@ fn cluster(mount_with_trace: bool) -> (tempfile::TempDir, Up, PathBuf, PathBuf) 
     (home, up, mnt, dir)
 }
 
-fn of<'a>(t: &'a Trace, pid: u32, op: Op) -> Vec<&'a Record> {
+fn of(t: &Trace, pid: u32, op: Op) -> Vec<&Record> {
     t.records
         .iter()
         .filter(|r| r.pid == pid && r.op == op)
