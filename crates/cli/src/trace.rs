@@ -246,16 +246,12 @@ fn summary(path: &Path, out: &mut impl Write) -> Result<()> {
         t.gaps.len()
     )?;
 
-    let mut procs: BTreeMap<u32, (Option<Arc<str>>, Tally)> = BTreeMap::new();
+    let mut procs: BTreeMap<u32, Tally> = BTreeMap::new();
     let mut files: HashMap<String, Tally> = HashMap::new();
     let mut ops: BTreeMap<Op, Tally> = BTreeMap::new();
     let mut sizes: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
     for r in &t.records {
-        let p = procs.entry(r.pid).or_default();
-        if p.0.is_none() {
-            p.0.clone_from(&r.exe);
-        }
-        p.1.add(r);
+        procs.entry(r.pid).or_default().add(r);
         files.entry(file_key(r)).or_default().add(r);
         ops.entry(r.op).or_default().add(r);
         if r.op.is_data() {
@@ -273,12 +269,14 @@ fn summary(path: &Path, out: &mut impl Write) -> Result<()> {
         "  {:>8} {:<16} {:>9} {:>7} {:>11} {:>11} {:>11}",
         "pid", "name", "ops", "errors", "read", "written", "in I/O"
     )?;
-    for (pid, (exe, s)) in &procs {
+    let names = names(&t.records);
+    for (pid, s) in &procs {
+        let exe = names.get(pid).map_or("?", |n| &**n);
         writeln!(
             out,
             "  {:>8} {:<16} {:>9} {:>7} {:>11} {:>11} {:>11}",
             pid,
-            exe.as_deref().unwrap_or("?"),
+            exe,
             s.ops,
             s.errors,
             human(s.read),
@@ -337,6 +335,25 @@ fn summary(path: &Path, out: &mut impl Write) -> Result<()> {
     Ok(())
 }
 
+/// Each process's name: the one most of its records have (a shell's child that execs a
+/// program made a few requests as the shell first).
+fn names(records: &[Record]) -> HashMap<u32, Arc<str>> {
+    let mut seen: HashMap<u32, HashMap<&Arc<str>, u64>> = HashMap::new();
+    for r in records {
+        if let Some(exe) = &r.exe {
+            *seen.entry(r.pid).or_default().entry(exe).or_default() += 1;
+        }
+    }
+    seen.into_iter()
+        .filter_map(|(pid, counts)| {
+            let (exe, _) = counts
+                .into_iter()
+                .max_by_key(|&(exe, n)| (n, exe.clone()))?;
+            Some((pid, Arc::clone(exe)))
+        })
+        .collect()
+}
+
 /// A record's file: its path, else its inode.
 fn file_key(r: &Record) -> String {
     match &r.path {
@@ -380,9 +397,9 @@ fn export(a: &ExportArgs, out: &mut impl Write) -> Result<()> {
     }
 }
 
-/// Chrome trace JSON: a process per traced process, named after it; in it, as many tracks
-/// as it had operations at once (each track's slices must not overlap); gaps as global
-/// instant events.
+/// Chrome trace JSON: a process per traced process, named as [`names`] says; in it, as
+/// many tracks as it had operations at once (each track's slices must not overlap); gaps as
+/// global instant events.
 fn chrome(t: &Trace, from: Option<f64>, out: &mut impl Write) -> Result<()> {
     let us = |ns: u64| ns as f64 / 1e3;
     let base = from.map_or(0, |s| (s * 1e9) as u64);
@@ -405,18 +422,9 @@ fn chrome(t: &Trace, from: Option<f64>, out: &mut impl Write) -> Result<()> {
         Ok(())
     };
     let mut lanes: HashMap<u32, Vec<u64>> = HashMap::new();
-    let mut named: HashMap<u32, ()> = HashMap::new();
+    let mut pids = std::collections::BTreeSet::new();
     for r in &t.records {
-        if named.insert(r.pid, ()).is_none() {
-            sep(out)?;
-            let name = format!("{} ({})", r.exe.as_deref().unwrap_or("?"), r.pid);
-            write!(
-                out,
-                "{{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":{},\"args\":{{\"name\":{}}}}}",
-                r.pid,
-                json(&name)
-            )?;
-        }
+        pids.insert(r.pid);
         let ends = lanes.entry(r.pid).or_default();
         let lane = match ends.iter().position(|&end| end <= r.start_ns) {
             Some(i) => i,
@@ -449,10 +457,23 @@ fn chrome(t: &Trace, from: Option<f64>, out: &mut impl Write) -> Result<()> {
         if let Some(p) = &r.target {
             write!(out, ",\"target\":{}", json(p))?;
         }
+        if let Some(e) = &r.exe {
+            write!(out, ",\"exe\":{}", json(e))?;
+        }
         if r.via_handle {
             write!(out, ",\"via_handle\":true")?;
         }
         write!(out, "}}}}")?;
+    }
+    let names = names(&t.records);
+    for pid in pids {
+        sep(out)?;
+        let name = format!("{} ({pid})", names.get(&pid).map_or("?", |n| &**n));
+        write!(
+            out,
+            "{{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":{pid},\"args\":{{\"name\":{}}}}}",
+            json(&name)
+        )?;
     }
     for g in &t.gaps {
         sep(out)?;

@@ -31,7 +31,8 @@ pub const CONTROL_XATTR: &str = "user.tessera.trace";
 /// Threads whose process is remembered; past it the table starts over.
 const PROCS_MAX: usize = 4096;
 /// How long a thread's process name is taken as known: a process that execs keeps its pid
-/// and changes its name (a shell's child becoming `dd`). Opens and creates read it afresh.
+/// and changes its name (a shell's child becoming `dd`). Opens, creates and the first read or
+/// write through a handle read it afresh.
 const PROC_FRESH_NS: u64 = 100_000_000;
 /// Inodes whose path is remembered; past it the table starts over.
 const PATHS_MAX: usize = 1 << 16;
@@ -101,12 +102,14 @@ struct Proc {
 
 /// Who opened a handle, with the path it opened: requests the kernel makes through the handle
 /// on its own are attributed to it.
-#[derive(Clone)]
 pub(crate) struct Opener {
     pid: u32,
     uid: u32,
     exe: Option<Arc<[u8]>>,
     path: Option<Arc<[u8]>>,
+    /// No read or write came through the handle yet. A shell opens a redirection's file and
+    /// then execs the program that writes it: the first read or write reads the name afresh.
+    unused: AtomicBool,
 }
 
 /// A request as it comes in, described for its record (built only when tracing is on).
@@ -272,9 +275,11 @@ impl Tracing {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()?;
         let start = active.writer.now();
-        let cached = !matches!(what.op, Op::Open | Op::Create | Op::Opendir);
-        let proc = active.process(req.pid(), start, cached);
         let opener = what.handle.as_ref().and_then(|h| h.opener.as_ref());
+        let first_use =
+            what.op.is_data() && opener.is_some_and(|o| o.unused.swap(false, Ordering::Relaxed));
+        let cached = !first_use && !matches!(what.op, Op::Open | Op::Create | Op::Opendir);
+        let proc = active.process(req.pid(), start, cached);
         let (pid, uid, exe, via) = match opener {
             Some(o) if proc.kernel => (o.pid, o.uid, o.exe.clone(), true),
             _ => (proc.pid, req.uid(), proc.exe, false),
@@ -498,6 +503,7 @@ impl<R> Traced<R> {
             uid: s.uid,
             exe: s.exe.clone(),
             path: s.path.clone(),
+            unused: AtomicBool::new(true),
         })
     }
 
