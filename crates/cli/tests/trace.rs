@@ -356,6 +356,78 @@ fn a_python_script_is_traced_as_it_ran() {
     assert!(mine.iter().all(|r| r.uid == uid));
 }
 
+/// Writes blocks `k`, `k + 4`, `k + 8`, ... (8 of them, 64 KiB each) of argv[1].
+const SHARER: &str = r#"
+import os, sys
+k = int(sys.argv[2])
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY, 0o644)
+for i in range(8):
+    os.pwrite(fd, bytes([k]) * 65536, (k + 4 * i) * 65536)
+os.close(fd)
+"#;
+
+/// Maps argv[1] and reads a byte of each of its pages.
+const MAPPER: &str = r#"
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+assert all(m[i] == 7 for i in range(0, len(m), 4096))
+m.close()
+os.close(fd)
+"#;
+
+#[test]
+fn processes_sharing_a_file_and_a_mapping_are_told_apart() {
+    let (home, _up, mnt, dir) = cluster(true);
+    let home = home.path();
+    let shared = mnt.join("shared");
+    let sharers: Vec<Child> = (0..4)
+        .map(|k| {
+            Command::new("python3")
+                .args(["-c", SHARER])
+                .arg(&shared)
+                .arg(k.to_string())
+                .spawn()
+                .expect("python3")
+        })
+        .collect();
+    let pids: Vec<u32> = sharers.iter().map(Child::id).collect();
+    for s in sharers {
+        assert!(s.wait_with_output().expect("a writer").status.success());
+    }
+    // A file written whole by one process, then read through a mapping by another.
+    let mapped = mnt.join("mapped");
+    std::fs::write(&mapped, vec![7u8; 1 << 20]).expect("the mapped file");
+    let mapper = Command::new("python3")
+        .args(["-c", MAPPER])
+        .arg(&mapped)
+        .spawn()
+        .expect("python3");
+    let mapper_pid = mapper.id();
+    assert!(mapper
+        .wait_with_output()
+        .expect("the mapper")
+        .status
+        .success());
+    let t = stop_and_read(home, &mnt, &dir);
+
+    for (k, &pid) in pids.iter().enumerate() {
+        let mut offsets: Vec<u64> = of(&t, pid, Op::Write)
+            .iter()
+            .filter(|w| path(w) == "/shared" && w.result == 65536)
+            .map(|w| w.offset)
+            .collect();
+        offsets.sort_unstable();
+        let expected: Vec<u64> = (0..8).map(|i| (k as u64 + 4 * i) * 65536).collect();
+        assert_eq!(offsets, expected, "writer {k} (pid {pid})");
+    }
+    // The page faults come as reads of the mapper's, covering the file.
+    let reads = of(&t, mapper_pid, Op::Read);
+    assert!(reads.iter().all(|r| path(r) == "/mapped" && r.result >= 0));
+    let read: i64 = reads.iter().map(|r| r.result).sum();
+    assert!(read >= 1 << 20, "{read} bytes read through the mapping");
+}
+
 /// CLOCK_MONOTONIC in seconds, as Python's time.monotonic() reads it.
 fn monotonic() -> f64 {
     let mut ts = libc::timespec {

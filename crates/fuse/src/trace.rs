@@ -107,6 +107,8 @@ pub(crate) struct Opener {
     uid: u32,
     exe: Option<Arc<[u8]>>,
     path: Option<Arc<[u8]>>,
+    /// Opened with O_DIRECT: the kernel bypasses its pages for this handle.
+    direct: bool,
     /// No read or write came through the handle yet. A shell opens a redirection's file and
     /// then execs the program that writes it: the first read or write reads the name afresh.
     unused: AtomicBool,
@@ -294,9 +296,11 @@ impl Tracing {
             Target::Child(parent, name) => active.child_path(parent, name.as_bytes()),
             Target::Bytes(b) => b.into(),
         });
-        let mode = match &what.handle {
-            Some(h) if h.direct => Mode::DirectIo,
-            _ => self.mode,
+        let direct = what.handle.as_ref().is_some_and(|h| h.direct);
+        let mode = if direct || opener.is_some_and(|o| o.direct) {
+            Mode::DirectIo
+        } else {
+            self.mode
         };
         let learns = what.child.is_some()
             && matches!(
@@ -503,6 +507,7 @@ impl<R> Traced<R> {
             uid: s.uid,
             exe: s.exe.clone(),
             path: s.path.clone(),
+            direct: s.flags as i32 & libc::O_DIRECT != 0,
             unused: AtomicBool::new(true),
         })
     }
