@@ -219,7 +219,7 @@ impl Tracing {
         let pid = std::process::id();
         let path = dir.join(format!("{host}-{pid}-{n}.ttrace"));
         let source = format!("fuse {}", self.mount.display());
-        let header = Header::new(host, pid, 0, source, self.mode);
+        let header = Header::new(host, pid, source, self.mode);
         let writer = Writer::create(&path, &header, &self.opts.writer)?;
         *active = Some(Arc::new(Active {
             writer,

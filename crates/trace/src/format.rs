@@ -172,12 +172,13 @@ pub struct Header {
 }
 
 impl Header {
-    pub fn new(host: String, pid: u32, unix_ns: u64, source: String, mode: Mode) -> Self {
+    /// A header for a new trace; its clock is set by [`crate::Writer::create`].
+    pub fn new(host: String, pid: u32, source: String, mode: Mode) -> Self {
         Header {
             version: VERSION,
             host,
             pid,
-            unix_ns,
+            unix_ns: 0,
             source,
             mode,
             extra: Vec::new(),
@@ -228,6 +229,7 @@ impl Header {
 
     /// Reads the header off the front of a trace.
     pub(crate) fn read(src: &mut impl std::io::Read) -> Result<(Header, u64), Error> {
+        use std::io::Read;
         let mut fixed = [0u8; 22];
         read_full(src, &mut fixed, "cut short")?;
         if fixed[..8] != MAGIC {
@@ -239,12 +241,16 @@ impl Header {
         }
         let len = u32::from_le_bytes(fixed[10..14].try_into().unwrap_or_default()) as usize;
         let sum = u64::from_le_bytes(fixed[14..22].try_into().unwrap_or_default());
-        let mut body = vec![0u8; len];
-        read_full(src, &mut body, "cut short")?;
+        // Grown as bytes come: a damaged length costs no more than the file holds.
+        let mut body = Vec::new();
+        src.take(len as u64).read_to_end(&mut body)?;
+        if body.len() < len {
+            return Err(Error::Header("cut short"));
+        }
         if xxhash_rust::xxh3::xxh3_64(&body) != sum {
             return Err(Error::Header("checksum mismatch"));
         }
-        let mut h = Header::new(String::new(), 0, 0, String::new(), Mode::PageCache);
+        let mut h = Header::new(String::new(), 0, String::new(), Mode::PageCache);
         h.version = version;
         let mut c = Cursor::new(&body);
         while !c.done() {

@@ -132,13 +132,7 @@ fn expected(s: &Spec) -> Record {
 }
 
 fn header() -> Header {
-    Header::new(
-        "host-1".into(),
-        42,
-        1_700_000_000_000_000_000,
-        "test".into(),
-        Mode::DirectIo,
-    )
+    Header::new("host-1".into(), 42, "test".into(), Mode::DirectIo)
 }
 
 /// Writes `specs` to a new trace (a chunk ends after each spec with `flush`); its bytes.
@@ -182,7 +176,11 @@ proptest! {
         let opts = Options { strings_bytes: strings, ..Options::default() };
         let bytes = write(&specs, &opts);
         let mut r = Reader::new(&bytes[..]).unwrap();
-        prop_assert_eq!(r.header(), &header());
+        // The writer sets the clock: time 0 is when it was created.
+        let mut expected_header = header();
+        expected_header.unix_ns = r.header().unix_ns;
+        prop_assert!(expected_header.unix_ns > 1_600_000_000_000_000_000);
+        prop_assert_eq!(r.header(), &expected_header);
         let items: Vec<Item> = r.by_ref().map(Result::unwrap).collect();
         prop_assert!(!r.torn());
         prop_assert_eq!(records(&items), specs.iter().map(expected).collect::<Vec<_>>());
@@ -300,4 +298,23 @@ fn a_full_buffer_is_a_counted_gap() {
     // Every offset is either recorded or inside a gap: recorded ones are in order.
     let offsets: Vec<u64> = records(&items).iter().map(|r| r.offset).collect();
     assert!(offsets.windows(2).all(|w| w[0] < w[1]));
+}
+
+#[test]
+fn damaged_lengths_are_refused_without_allocating_them() {
+    let mut bytes = write(&[], &Options::default());
+    // A header length of 4 GiB: refused as cut short.
+    let mut head = bytes.clone();
+    head[10..14].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(Reader::new(&head[..]), Err(Error::Header(_))));
+    // A chunk length of 4 GiB: the trace ends, torn, before it.
+    let header_len = Reader::new(&bytes[..]).unwrap().valid_bytes() as usize;
+    bytes[header_len + 4..header_len + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+    let (items, torn) = read_all(&bytes).unwrap();
+    assert!(items.is_empty() && torn);
+    // Not a trace at all.
+    assert!(matches!(
+        Reader::new(&b"hello world, not a trace"[..]),
+        Err(Error::NotATrace)
+    ));
 }
