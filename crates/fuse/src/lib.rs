@@ -25,6 +25,9 @@
 //! file was deleted elsewhere answers ESTALE, on which the kernel looks the name up again (as for
 //! NFS). In a directory this mount made, it answers that a name is absent itself, on the
 //! servers' promise to tell it of any name another node adds (`complete.rs`).
+//!
+//! Tracing (`trace.rs`, docs/TRACING.md): off, a request pays one flag read; on, every request
+//! becomes a record in a trace file, finished where its answer goes out.
 
 use fuser::{
     FileHandle, Filesystem, INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags,
@@ -109,14 +112,7 @@ pub fn mount(
     } else {
         None
     };
-    let mode = if opts.writeback_cache {
-        tessera_trace::Mode::WritebackCache
-    } else if opts.direct_io {
-        tessera_trace::Mode::DirectIo
-    } else {
-        tessera_trace::Mode::PageCache
-    };
-    let tracing = trace::Tracing::new(opts.trace.clone(), dir.clone(), mode);
+    let tracing = trace::Tracing::new(opts, dir.clone());
     if opts.trace.dir.is_some() {
         tracing.start(None)?;
     }
@@ -168,9 +164,9 @@ fn raise_readahead(dir: &Path) {
     }
 }
 
-/// The kernel's requests, each passed through the entry guard (`guard.rs`) and handed, with
-/// what the guard returned, to its family: `attrs.rs`, `names.rs`, `dirs.rs`, `data.rs`,
-/// `open.rs`. Nothing else happens here.
+/// The kernel's requests, each described for its trace record if tracing is on (`trace.rs`),
+/// passed through the entry guard (`guard.rs`) and handed, with what the guard returned, to its
+/// family: `attrs.rs`, `names.rs`, `dirs.rs`, `data.rs`, `open.rs`. Nothing else happens here.
 struct TesseraFs(Arc<Fs>);
 
 impl Filesystem for TesseraFs {

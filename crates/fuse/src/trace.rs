@@ -177,11 +177,19 @@ impl<'a> What<'a> {
 }
 
 impl Tracing {
-    pub(crate) fn new(opts: TraceOptions, mount: PathBuf, mode: Mode) -> Self {
+    /// Off; `opts.trace` says where `start` writes.
+    pub(crate) fn new(opts: &crate::MountOptions, mount: PathBuf) -> Self {
+        let mode = if opts.writeback_cache {
+            Mode::WritebackCache
+        } else if opts.direct_io {
+            Mode::DirectIo
+        } else {
+            Mode::PageCache
+        };
         Tracing {
             on: AtomicBool::new(false),
             active: RwLock::new(None),
-            opts,
+            opts: opts.trace.clone(),
             mount,
             mode,
             started: AtomicU32::new(0),
