@@ -11,6 +11,8 @@ mod scale;
 mod status;
 mod stream;
 mod trace;
+#[cfg(feature = "parquet")]
+mod trace_parquet;
 mod up;
 
 use anyhow::{bail, Context, Result};

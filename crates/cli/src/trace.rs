@@ -44,7 +44,8 @@ struct ExportArgs {
     /// A trace file.
     trace: PathBuf,
     /// chrome: Chrome trace JSON (Perfetto UI, chrome://tracing); fio: fio iolog v3 of the
-    /// reads, writes and fsyncs, for `fio --read_iolog`.
+    /// reads, writes and fsyncs, for `fio --read_iolog`; parquet: a table of the records
+    /// (pandas, pyarrow, polars; needs -o).
     #[arg(long, value_enum)]
     format: Format,
     /// Only operations that end at or after this many seconds into the trace.
@@ -65,6 +66,7 @@ struct ExportArgs {
 enum Format {
     Chrome,
     Fio,
+    Parquet,
 }
 
 pub fn run(args: &TraceArgs) -> Result<()> {
@@ -85,6 +87,7 @@ pub fn run(args: &TraceArgs) -> Result<()> {
         TraceCmd::Summary { trace } => {
             quiet_when_output_closes(summary(trace, &mut std::io::stdout().lock()))
         }
+        TraceCmd::Export(a) if a.format == Format::Parquet => parquet(a),
         TraceCmd::Export(a) => {
             let mut out: Box<dyn Write> = match &a.output {
                 Some(p) => Box::new(
@@ -139,10 +142,9 @@ struct Trace {
     torn: bool,
 }
 
-fn load(path: &Path, window: (Option<f64>, Option<f64>)) -> Result<Trace> {
+/// The records of the trace at `path` that overlap `[from, to]` (ns), by start.
+fn load(path: &Path, (from, to): (u64, u64)) -> Result<Trace> {
     let mut r = Reader::open(path).with_context(|| format!("reading {}", path.display()))?;
-    let ns = |s: f64| (s * 1e9) as u64;
-    let (from, to) = (window.0.map_or(0, ns), window.1.map_or(u64::MAX, ns));
     let mut t = Trace {
         header: r.header().clone(),
         records: Vec::new(),
@@ -212,7 +214,7 @@ fn class_label(c: u32) -> String {
 }
 
 fn summary(path: &Path, out: &mut impl Write) -> Result<()> {
-    let t = load(path, (None, None))?;
+    let t = load(path, (0, u64::MAX))?;
     let h = &t.header;
     let span = t
         .records
@@ -384,17 +386,37 @@ fn utc(unix_ns: u64) -> String {
     )
 }
 
-fn export(a: &ExportArgs, out: &mut impl Write) -> Result<()> {
+/// `--from`/`--to` in nanoseconds.
+fn window(a: &ExportArgs) -> Result<(u64, u64)> {
     if let (Some(from), Some(to)) = (a.from, a.to) {
         if from > to {
             bail!("--from {from} is after --to {to}");
         }
     }
-    let t = load(&a.trace, (a.from, a.to))?;
+    let ns = |s: f64| (s * 1e9) as u64;
+    Ok((a.from.map_or(0, ns), a.to.map_or(u64::MAX, ns)))
+}
+
+fn export(a: &ExportArgs, out: &mut impl Write) -> Result<()> {
+    let t = load(&a.trace, window(a)?)?;
     match a.format {
         Format::Chrome => chrome(&t, a.from, out),
         Format::Fio => fio(&t, a.root.as_deref(), out),
+        Format::Parquet => bail!("Parquet goes to a file (-o)"),
     }
+}
+
+#[cfg(feature = "parquet")]
+fn parquet(a: &ExportArgs) -> Result<()> {
+    let Some(out) = &a.output else {
+        bail!("Parquet goes to a file: give -o FILE");
+    };
+    crate::trace_parquet::export(&a.trace, window(a)?, out)
+}
+
+#[cfg(not(feature = "parquet"))]
+fn parquet(_: &ExportArgs) -> Result<()> {
+    bail!("this tessera was built without Parquet (cargo feature `parquet`)")
 }
 
 /// Chrome trace JSON: a process per traced process, named as [`names`] says; in it, as

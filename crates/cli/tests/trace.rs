@@ -251,6 +251,9 @@ fn dd_is_traced_record_by_record_and_exported() {
     let expected: Vec<(u64, u64)> = (0..N).map(|i| (i * 65536, 65536)).collect();
     assert_eq!(writes, expected, "{text}");
 
+    #[cfg(feature = "parquet")]
+    parquet_holds_every_record(home, &trace, &t);
+
     let out = Command::new(TESSERA)
         .args(["trace", "summary"])
         .arg(&trace)
@@ -267,6 +270,82 @@ fn dd_is_traced_record_by_record_and_exported() {
             .any(|l| l.contains(&pid.to_string()) && l.contains(" dd ") && l.contains("1.0 MiB")),
         "{text}"
     );
+}
+
+/// `trace export --format parquet` read back: a row per record, in order, every field.
+#[cfg(feature = "parquet")]
+fn parquet_holds_every_record(home: &Path, trace: &Path, t: &Trace) {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Int64Type, UInt32Type, UInt64Type};
+    use arrow_array::{Array, StringArray};
+    let file = home.join("trace.parquet");
+    let out = Command::new(TESSERA)
+        .args(["trace", "export", "--format", "parquet", "-o"])
+        .arg(&file)
+        .arg(trace)
+        .output()
+        .expect("export");
+    assert!(out.status.success(), "{out:?}");
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+        std::fs::File::open(&file).expect("the export"),
+    )
+    .expect("a Parquet file");
+    let meta = reader
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .cloned();
+    let end = meta
+        .unwrap_or_default()
+        .into_iter()
+        .find(|kv| kv.key == "tessera.end")
+        .and_then(|kv| kv.value);
+    assert_eq!(end, Some(format!("{},0", t.records.len())));
+    let mut rows = Vec::new();
+    for batch in reader.build().expect("a reader") {
+        let b = batch.expect("a batch");
+        let col = |name: &str| b.column_by_name(name).expect(name).clone();
+        let text = |name: &str| col(name).as_string::<i32>().clone();
+        let u64s = |name: &str| col(name).as_primitive::<UInt64Type>().clone();
+        let (op, exe, path, mode) = (text("op"), text("exe"), text("path"), text("mode"));
+        let pid = col("pid").as_primitive::<UInt32Type>().clone();
+        let result = col("result").as_primitive::<Int64Type>().clone();
+        let via = col("via_handle").as_boolean().clone();
+        let (ino, offset, size) = (u64s("ino"), u64s("offset"), u64s("size"));
+        let (start, end) = (u64s("start_ns"), u64s("end_ns"));
+        for i in 0..b.num_rows() {
+            let opt = |a: &StringArray| (!a.is_null(i)).then(|| a.value(i).to_string());
+            rows.push((
+                op.value(i).to_string(),
+                mode.value(i).to_string(),
+                via.value(i),
+                pid.value(i),
+                opt(&exe),
+                ino.value(i),
+                opt(&path),
+                (offset.value(i), size.value(i)),
+                (start.value(i), end.value(i), result.value(i)),
+            ));
+        }
+    }
+    let expected: Vec<_> = t
+        .records
+        .iter()
+        .map(|r| {
+            (
+                r.op.name().to_string(),
+                r.mode.name().to_string(),
+                r.via_handle,
+                r.pid,
+                r.exe.as_deref().map(str::to_string),
+                r.ino,
+                r.path.as_deref().map(str::to_string),
+                (r.offset, r.size),
+                (r.start_ns, r.end_ns, r.result),
+            )
+        })
+        .collect();
+    assert_eq!(rows, expected);
 }
 
 const SCRIPT: &str = r#"
