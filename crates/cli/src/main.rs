@@ -10,6 +10,9 @@ mod report;
 mod scale;
 mod status;
 mod stream;
+mod trace;
+#[cfg(feature = "parquet")]
+mod trace_parquet;
 mod up;
 
 use anyhow::{bail, Context, Result};
@@ -102,6 +105,9 @@ enum Cmd {
     /// Grow or shrink a running cluster (servers from the manager's provisioner; removed
     /// servers are drained first).
     Scale(scale::ScaleArgs),
+    /// I/O traces of a mount: start and stop tracing, summarise a trace, export it (Chrome
+    /// trace JSON for Perfetto, fio iolog); see docs/TRACING.md.
+    Trace(trace::TraceArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -468,6 +474,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Cat(a) => files::cat(&client(&cli, &cfg).await?, a).await,
         Cmd::Bench(a) => bench::run(client(&cli, &cfg).await?, a.clone()).await,
         Cmd::Report(a) => report::run(cli.secret.as_deref(), &cfg, a).await,
+        Cmd::Trace(a) => trace::run(a),
         Cmd::Scale(a) => {
             let (manager, secret) =
                 config::endpoint(cli.manager.as_deref(), cli.secret.as_deref(), &cfg)?;

@@ -29,6 +29,18 @@ pub struct MountArgs {
     /// changes to (a change on another node drops them at once). 0 disables the promises.
     #[arg(long, default_value_t = 60.0)]
     pub lease: f64,
+    /// Trace every operation into a new file in this directory (docs/TRACING.md); `tessera
+    /// trace stop` stops it, `tessera trace start` starts it again.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Memory the trace buffers records in before they are written (twice this is used);
+    /// records that find it full are counted as lost, never waited for.
+    #[arg(long, default_value = "16MiB")]
+    pub trace_buffer: String,
+    /// A test hook: the trace writer sleeps this many seconds before each write, as on a
+    /// stalled disk.
+    #[arg(long, hide = true, default_value_t = 0.0)]
+    pub trace_stall: f64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -46,6 +58,25 @@ pub async fn run(client: Client, args: &MountArgs) -> Result<()> {
         "mount point {} is not a directory",
         args.dir.display()
     );
+    let trace = tessera_fuse::TraceOptions {
+        dir: match &args.trace {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("trace directory {}", dir.display()))?;
+                Some(std::path::absolute(dir).context("the trace directory")?)
+            }
+            None => None,
+        },
+        writer: tessera_trace::Options {
+            buffer_bytes: parse_size::parse_size(&args.trace_buffer)
+                .ok()
+                .and_then(|n| usize::try_from(n).ok())
+                .with_context(|| format!("bad --trace-buffer {:?}", args.trace_buffer))?,
+            stall: Duration::try_from_secs_f64(args.trace_stall)
+                .context("--trace-stall must be a number of seconds")?,
+            ..tessera_trace::Options::default()
+        },
+    };
     let opts = tessera_fuse::MountOptions {
         threads: args.threads,
         allow_other: args.allow_other,
@@ -55,6 +86,7 @@ pub async fn run(client: Client, args: &MountArgs) -> Result<()> {
             .context("--attr-cache must be a number of seconds")?,
         lease: Duration::try_from_secs_f64(args.lease)
             .context("--lease must be a number of seconds")?,
+        trace,
     };
     // Resolved now: once mounted, resolving the path would stat the mount, which this process
     // serves (see `tessera_fuse::mountinfo`).
@@ -72,6 +104,9 @@ pub async fn run(client: Client, args: &MountArgs) -> Result<()> {
             )
         })?;
     eprintln!("tessera mounted on {}", args.dir.display());
+    if let Some(dir) = &opts.trace.dir {
+        eprintln!("tracing every operation into {}", dir.display());
+    }
     // Ours is the topmost mount there now; gone once no mount there has its device.
     let ours = tessera_fuse::mountinfo::devices_on(&canonical).pop();
     let gone = async {

@@ -35,6 +35,10 @@ pub struct UpArgs {
     /// Let all users use the mount (the kernel still checks each file's permissions).
     #[arg(long, requires = "mount")]
     allow_other: bool,
+    /// Trace every operation on the mount into a new file in this directory
+    /// (docs/TRACING.md).
+    #[arg(long, requires = "mount")]
+    trace: Option<std::path::PathBuf>,
     /// With --elastic, servers the policy adds are local processes offering --memory each.
     #[command(flatten)]
     elastic: crate::ElasticArgs,
@@ -329,6 +333,11 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
         ];
         if args.allow_other {
             margs.push("--allow-other".into());
+        }
+        if let Some(trace) = &args.trace {
+            let trace = std::path::absolute(trace).context("the trace directory")?;
+            margs.push("--trace".into());
+            margs.push(trace.to_string_lossy().into_owned());
         }
         children.start("the mount".into(), Role::Mount(dir.clone()), margs)?;
         wait_mounted(dir, &mut children).await?;

@@ -3,7 +3,8 @@
 use crate::convert::errno;
 use crate::fs::Fs;
 use crate::guard::Settled;
-use fuser::{FileHandle, INodeNo, ReplyAttr, ReplyStatfs};
+use crate::trace::{ReplyAttr, ReplyStatfs};
+use fuser::{FileHandle, INodeNo};
 use std::sync::Arc;
 use tessera_client::SetAttr;
 

@@ -5,7 +5,8 @@ use crate::cache::{self, AfterWrite};
 use crate::convert::errno;
 use crate::fs::{Fs, OpenFile};
 use crate::guard::{Entered, Settled};
-use fuser::{Errno, FileHandle, INodeNo, ReplyData, ReplyEmpty, ReplyWrite, WriteFlags};
+use crate::trace::{ReplyData, ReplyEmpty, ReplyWrite};
+use fuser::{Errno, FileHandle, INodeNo, WriteFlags};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 

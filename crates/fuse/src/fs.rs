@@ -7,8 +7,8 @@ use crate::complete::Complete;
 use crate::convert::{absent, attr, errno, ino_errno};
 use crate::handles::Handles;
 use crate::leases::{Key, Leases};
-use fuser::{Errno, FileHandle, FileType, Generation, INodeNo, ReplyAttr, ReplyEmpty};
-use fuser::{ReplyEntry, Request};
+use crate::trace::{Opener, ReplyAttr, ReplyEmpty, ReplyEntry, Tracing};
+use fuser::{Errno, FileHandle, FileType, Generation, INodeNo, Request};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
@@ -54,6 +54,8 @@ pub(crate) struct Fs {
     pub(crate) notifier: Arc<OnceLock<fuser::Notifier>>,
     /// Kernel cache times on the servers' promises, unless disabled.
     pub(crate) leases: Option<Arc<Leases>>,
+    /// I/O tracing, off unless switched on (`trace.rs`).
+    pub(crate) tracing: Tracing,
 }
 
 /// A directory's entries as readdir hands them out (name, inode, type), snapshotted at opendir
@@ -110,6 +112,8 @@ pub(crate) struct OpenFile {
     /// dropped behind it (`Fs::drop_behind`).
     pub(crate) written_to: AtomicU64,
     pub(crate) dropped_to: AtomicU64,
+    /// Who opened it, if tracing was on then: the kernel's own requests through it are theirs.
+    pub(crate) opener: Option<Opener>,
 }
 
 impl OpenFile {

@@ -11,8 +11,9 @@
 //! did not pass the guard cannot serve. The dispatch in `lib.rs` calls the guard and passes
 //! what it returns, the open file or listing included, to the handler.
 //!
-//! Requests that pass no guard: `init` and `destroy` (the session's ends), `ioctl` (refused)
-//! and `releasedir` (forgets a snapshot); none reaches the servers.
+//! Requests that pass no guard: `init` and `destroy` (the session's ends), `ioctl` and the
+//! extended attributes (refused, but for the root's tracing switch) and `releasedir` (forgets
+//! a snapshot); none reaches the servers.
 //!
 //! Where: a worker serves a request itself, its metadata requests on the worker's lane, while
 //! at most half the workers do so ([`Fs::on_worker`]): requests waiting on a slow server never

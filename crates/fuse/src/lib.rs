@@ -26,11 +26,15 @@
 //! file was deleted elsewhere answers ESTALE, on which the kernel looks the name up again (as for
 //! NFS). In a directory this mount made, it answers that a name is absent itself, on the
 //! servers' promise to tell it of any name another node adds (`complete.rs`).
+//!
+//! Tracing (`trace.rs`, docs/TRACING.md): off, a request pays one flag read; on, every request
+//! becomes a record in a trace file, finished where its answer goes out.
 
 use fuser::{
     FileHandle, Filesystem, INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -55,11 +59,15 @@ pub mod mountinfo;
 mod names;
 mod open;
 mod options;
+mod trace;
 
 use convert::name;
 use fs::Fs;
 use leases::Leases;
 pub use options::MountOptions;
+use tessera_trace::Op;
+pub use trace::{control as control_trace, TraceOptions, CONTROL_XATTR};
+use trace::{Target, What};
 
 /// Mounts `client`'s cluster at `dir` until the returned session is dropped or the file system is
 /// unmounted from outside.
@@ -105,6 +113,10 @@ pub fn mount(
     } else {
         None
     };
+    let tracing = trace::Tracing::new(opts, dir.clone());
+    if opts.trace.dir.is_some() {
+        tracing.start(None)?;
+    }
     let lane = Lane::new();
     let fs = TesseraFs(Arc::new(Fs {
         client: client.on_lane(&lane),
@@ -123,6 +135,7 @@ pub fn mount(
         inline: AtomicUsize::new(0),
         notifier,
         leases,
+        tracing,
     }));
     let shared = Arc::clone(&fs.0);
     let session = fuser::spawn_mount(fs, dir, &cfg)?;
@@ -154,9 +167,9 @@ fn raise_readahead(dir: &Path) {
     }
 }
 
-/// The kernel's requests, each passed through the entry guard (`guard.rs`) and handed, with
-/// what the guard returned, to its family: `attrs.rs`, `names.rs`, `dirs.rs`, `data.rs`,
-/// `open.rs`. Nothing else happens here.
+/// The kernel's requests, each described for its trace record if tracing is on (`trace.rs`),
+/// passed through the entry guard (`guard.rs`) and handed, with what the guard returned, to its
+/// family: `attrs.rs`, `names.rs`, `dirs.rs`, `data.rs`, `open.rs`. Nothing else happens here.
 struct TesseraFs(Arc<Fs>);
 
 impl Filesystem for TesseraFs {
@@ -184,18 +197,24 @@ impl Filesystem for TesseraFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let reply = self
+            .0
+            .traced(req, reply, || What::child(Op::Lookup, parent, name));
         self.0
             .lookup(self.0.enter_ahead(), parent, self::name(name), reply);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let reply = self.0.traced(req, reply, || {
+            What::new(Op::Getattr, ino).handle(fh.and_then(|fh| self.0.file(fh)))
+        });
         self.0.getattr(self.0.enter(&[ino.0]), ino, fh, reply);
     }
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -211,12 +230,20 @@ impl Filesystem for TesseraFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let reply = self.0.traced(req, reply, || {
+            let w = match size {
+                Some(size) => What::new(Op::Truncate, ino).at(size, 0),
+                None => What::new(Op::Setattr, ino),
+            };
+            w.handle(fh.and_then(|fh| self.0.file(fh)))
+        });
         let s = self.0.enter(&[ino.0]);
         let attr = convert::set_attr(mode, uid, gid, size, atime, mtime);
         self.0.setattr(s, ino, fh, attr, reply);
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let reply = self.0.traced(req, reply, || What::new(Op::Readlink, ino));
         self.0.readlink(self.0.enter(&[ino.0]), ino, reply);
     }
 
@@ -230,6 +257,9 @@ impl Filesystem for TesseraFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let reply = self.0.traced(req, reply, || {
+            What::child(Op::Mknod, parent, name).flags(mode)
+        });
         let s = self.0.enter(&[parent.0]);
         let name = self::name(name);
         self.0.mknod(s, req, parent, name, mode, umask, rdev, reply);
@@ -244,17 +274,26 @@ impl Filesystem for TesseraFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        let reply = self.0.traced(req, reply, || {
+            What::child(Op::Mkdir, parent, name).flags(mode & !umask)
+        });
         let s = self.0.enter(&[parent.0]);
         let name = self::name(name);
         self.0.mkdir(s, req, parent, name, mode & !umask, reply);
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let reply = self
+            .0
+            .traced(req, reply, || What::child(Op::Unlink, parent, name));
         let s = self.0.enter(&[parent.0]);
         self.0.unlink(s, parent, self::name(name), reply);
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let reply = self
+            .0
+            .traced(req, reply, || What::child(Op::Rmdir, parent, name));
         let s = self.0.enter(&[parent.0]);
         self.0.rmdir(s, parent, self::name(name), reply);
     }
@@ -267,6 +306,10 @@ impl Filesystem for TesseraFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        let reply = self.0.traced(req, reply, || {
+            What::child(Op::Symlink, parent, name)
+                .target(Target::Bytes(target.as_os_str().as_bytes()))
+        });
         let s = self.0.enter(&[parent.0]);
         let target = target.as_os_str().as_bytes().to_vec();
         self.0
@@ -275,7 +318,7 @@ impl Filesystem for TesseraFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -283,6 +326,11 @@ impl Filesystem for TesseraFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let reply = self.0.traced(req, reply, || {
+            What::child(Op::Rename, parent, name)
+                .target(Target::Child(newparent.0, newname))
+                .flags(flags.bits())
+        });
         let s = self.0.enter(&[parent.0, newparent.0]);
         let (from, to) = ((parent, self::name(name)), (newparent, self::name(newname)));
         self.0.rename(s, from, to, flags, reply);
@@ -290,17 +338,23 @@ impl Filesystem for TesseraFs {
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let reply = self.0.traced(req, reply, || {
+            What::new(Op::Link, ino).target(Target::Child(newparent.0, newname))
+        });
         let s = self.0.enter(&[ino.0, newparent.0]);
         self.0.link(s, ino, newparent, self::name(newname), reply);
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let reply = self.0.traced(req, reply, || {
+            What::new(Op::Open, ino).flags(flags.0 as u32)
+        });
         self.0.open(self.0.enter(&[ino.0]), ino, flags, reply);
     }
 
@@ -314,6 +368,9 @@ impl Filesystem for TesseraFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let reply = self.0.traced(req, reply, || {
+            What::child(Op::Create, parent, name).flags(flags as u32)
+        });
         let entered = self.0.enter_ahead();
         let name = self::name(name);
         self.0
@@ -322,7 +379,7 @@ impl Filesystem for TesseraFs {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -332,15 +389,21 @@ impl Filesystem for TesseraFs {
         reply: ReplyData,
     ) {
         match self.0.enter_open(ino.0, fh) {
-            Ok((s, h)) => self.0.read(s, (fh, h), offset, size, reply),
+            Ok((s, h)) => {
+                let reply = self.0.traced(req, reply, || {
+                    let h = Some(Arc::clone(&h));
+                    What::new(Op::Read, ino).at(offset, size.into()).handle(h)
+                });
+                self.0.read(s, (fh, h), offset, size, reply)
+            }
             Err(e) => reply.error(e),
         }
     }
 
     fn write(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
@@ -350,31 +413,48 @@ impl Filesystem for TesseraFs {
         reply: ReplyWrite,
     ) {
         match self.0.enter_write(fh) {
-            Ok((e, h)) => self.0.write(e, (fh, h), offset, data, write_flags, reply),
+            Ok((e, h)) => {
+                let reply = self.0.traced(req, reply, || {
+                    let h = Some(Arc::clone(&h));
+                    let size = data.len() as u64;
+                    What::new(Op::Write, ino)
+                        .at(offset, size)
+                        .flags(write_flags.bits())
+                        .handle(h)
+                });
+                self.0.write(e, (fh, h), offset, data, write_flags, reply)
+            }
             Err(e) => reply.error(e),
         }
     }
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let reply = self.0.traced(req, reply, || {
+            What::new(Op::Flush, ino).handle(self.0.file(fh))
+        });
         self.0
             .enter_after(ino.0, fh, move |fs, h| fs.flush(h, reply));
     }
 
     fn fsync(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
-        _datasync: bool,
+        datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let reply = self.0.traced(req, reply, || {
+            let h = self.0.file(fh);
+            What::new(Op::Fsync, ino).flags(datasync.into()).handle(h)
+        });
         match self.0.enter_open(ino.0, fh) {
             Ok((s, h)) => self.0.fsync(s, h, reply),
             Err(e) => reply.error(e),
@@ -383,7 +463,7 @@ impl Filesystem for TesseraFs {
 
     fn release(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
@@ -391,11 +471,15 @@ impl Filesystem for TesseraFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let reply = self.0.traced(req, reply, || {
+            What::new(Op::Release, ino).handle(self.0.file(fh))
+        });
         self.0.release(self.0.enter(&[ino.0]), fh, reply);
     }
 
     fn destroy(&mut self) {
         self.0.destroy();
+        self.0.tracing.stop();
     }
 
     /// No file here is a terminal or takes device requests: ENOTTY, as a local file answers.
@@ -404,21 +488,24 @@ impl Filesystem for TesseraFs {
     /// three-line warning each time, 25 µs per open and a log growing with every file opened.
     fn ioctl(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         _fh: FileHandle,
         _flags: fuser::IoctlFlags,
-        _cmd: u32,
+        cmd: u32,
         _in_data: &[u8],
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
+        let reply = self
+            .0
+            .traced(req, reply, || What::new(Op::Ioctl, ino).flags(cmd));
         reply.error(fuser::Errno::ENOTTY);
     }
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -427,23 +514,36 @@ impl Filesystem for TesseraFs {
         reply: ReplyEmpty,
     ) {
         match self.0.enter_open(ino.0, fh) {
-            Ok((s, h)) => self.0.fallocate(s, (fh, h), offset, length, mode, reply),
+            Ok((s, h)) => {
+                let reply = self.0.traced(req, reply, || {
+                    let h = Some(Arc::clone(&h));
+                    What::new(Op::Fallocate, ino)
+                        .at(offset, length)
+                        .flags(mode as u32)
+                        .handle(h)
+                });
+                self.0.fallocate(s, (fh, h), offset, length, mode, reply)
+            }
             Err(e) => reply.error(e),
         }
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let reply = self.0.traced(req, reply, || What::new(Op::Opendir, ino));
         self.0.opendir(self.0.enter(&[ino.0]), ino, reply);
     }
 
     fn readdir(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         reply: ReplyDirectory,
     ) {
+        let reply = self
+            .0
+            .traced(req, reply, || What::new(Op::Readdir, ino).at(offset, 0));
         match self.0.enter_listing(fh) {
             Ok((_, list)) => Fs::readdir(&list, offset, reply),
             Err(e) => reply.error(e),
@@ -452,12 +552,15 @@ impl Filesystem for TesseraFs {
 
     fn readdirplus(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         reply: ReplyDirectoryPlus,
     ) {
+        let reply = self
+            .0
+            .traced(req, reply, || What::new(Op::Readdirplus, ino).at(offset, 0));
         match self.0.enter_listing(fh) {
             Ok((s, list)) => self.0.readdirplus(s, list, offset, reply),
             Err(e) => reply.error(e),
@@ -466,17 +569,63 @@ impl Filesystem for TesseraFs {
 
     fn releasedir(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        let reply = self.0.traced(req, reply, || What::new(Op::Releasedir, ino));
         self.0.releasedir(fh);
         reply.ok();
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        let reply = self.0.traced(req, reply, || What::new(Op::Statfs, ino));
         self.0.statfs(self.0.enter(&[]), reply);
+    }
+
+    /// Only the root's tracing switch (`trace.rs`); anything else is not supported, but the
+    /// answer (unlike ENOSYS) does not make the kernel stop asking, so the switch keeps working.
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let reply = self.0.traced(req, reply, || {
+            What::new(Op::Setxattr, ino).target(Target::Bytes(name.as_bytes()))
+        });
+        if ino != INodeNo::ROOT || name != CONTROL_XATTR {
+            return reply.error(fuser::Errno::EOPNOTSUPP);
+        }
+        match self.0.tracing.command(req.uid(), value) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// Extended attributes are not kept: ENOSYS, after which the kernel asks no more.
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, _size: u32, reply: ReplyXattr) {
+        let reply = self.0.traced(req, reply, || {
+            What::new(Op::Getxattr, ino).target(Target::Bytes(name.as_bytes()))
+        });
+        reply.error(fuser::Errno::ENOSYS);
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        let reply = self.0.traced(req, reply, || What::new(Op::Listxattr, ino));
+        reply.error(fuser::Errno::ENOSYS);
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let reply = self.0.traced(req, reply, || {
+            What::new(Op::Removexattr, ino).target(Target::Bytes(name.as_bytes()))
+        });
+        reply.error(fuser::Errno::ENOSYS);
     }
 }

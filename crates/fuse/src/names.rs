@@ -5,7 +5,8 @@ use crate::complete::Complete;
 use crate::convert::{errno, ino_errno};
 use crate::fs::Fs;
 use crate::guard::{Entered, Settled};
-use fuser::{Errno, INodeNo, RenameFlags, ReplyData, ReplyEmpty, ReplyEntry, Request};
+use crate::trace::{ReplyData, ReplyEmpty, ReplyEntry};
+use fuser::{Errno, INodeNo, RenameFlags, Request};
 use std::sync::Arc;
 use tessera_client::{FileKind, Name, OpenOptions, NAME_MAX};
 

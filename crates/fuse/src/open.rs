@@ -5,8 +5,8 @@ use crate::convert::{attr, errno, ino_errno, open_options};
 use crate::fs::{Fs, OpenFile};
 use crate::guard::{Entered, Settled};
 use crate::leases::Key;
-use fuser::{Errno, FileHandle, FopenFlags, Generation, INodeNo, OpenFlags, ReplyCreate};
-use fuser::{ReplyEmpty, ReplyOpen, Request};
+use crate::trace::{Opener, ReplyCreate, ReplyEmpty, ReplyOpen};
+use fuser::{Errno, FileHandle, FopenFlags, Generation, INodeNo, OpenFlags, Request};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, MutexGuard, PoisonError};
@@ -66,7 +66,8 @@ impl Fs {
                     if fs.keep_pages(&f.attr()) {
                         flags_out |= FopenFlags::FOPEN_KEEP_CACHE;
                     }
-                    reply.opened(fs.keep(f, flags.0), flags_out);
+                    let fh = fs.keep(f, flags.0, reply.opener());
+                    reply.opened(fh, flags_out);
                 }
                 Err(e) => reply.error(ino_errno(&e)),
             }
@@ -116,7 +117,7 @@ impl Fs {
                     fs.dir_changed(parent.0, dir);
                     fs.keep_pages(&f.attr());
                     let attr = attr(&f.attr());
-                    let fh = fs.keep(f, flags);
+                    let fh = fs.keep(f, flags, reply.opener());
                     let keys = || vec![Key::Entry(parent.0, name.clone()), Key::Attr(attr.ino.0)];
                     let open = fs.policy.open_flags(flags);
                     fs.with_ttl(since, keys, |ttl| {
@@ -146,7 +147,7 @@ impl Fs {
         self.keep_pages(&f.attr());
         let attr = attr(&f.attr());
         let ino = f.ino();
-        let fh = self.keep(f, flags);
+        let fh = self.keep(f, flags, reply.opener());
         let open = self.policy.open_flags(flags);
         let keys = || vec![Key::Entry(parent, name.clone()), Key::Attr(ino)];
         self.with_ttl(since, keys, |ttl| {
@@ -175,7 +176,7 @@ impl Fs {
         }
     }
 
-    fn keep(&self, f: File, flags: i32) -> FileHandle {
+    fn keep(&self, f: File, flags: i32, opener: Option<Opener>) -> FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let (ino, end) = (f.ino(), f.len());
         let handle = OpenFile {
@@ -189,6 +190,7 @@ impl Fs {
             unmade: AtomicI32::new(0),
             written_to: AtomicU64::new(0),
             dropped_to: AtomicU64::new(0),
+            opener,
         };
         let truncated = flags & libc::O_TRUNC != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY;
         self.files().insert(fh, ino, handle, end, truncated);

@@ -21,6 +21,8 @@ pub struct MountOptions {
     /// Let the kernel gather small writes in its page cache (faster small writes; the file
     /// system then sees page-sized, reordered writes).
     pub writeback_cache: bool,
+    /// I/O tracing (`trace.rs`): off unless a directory is given.
+    pub trace: crate::TraceOptions,
 }
 
 impl Default for MountOptions {
@@ -32,6 +34,7 @@ impl Default for MountOptions {
             allow_other: false,
             direct_io: false,
             writeback_cache: false,
+            trace: crate::TraceOptions::default(),
         }
     }
 }
