@@ -39,6 +39,32 @@ pub struct Member {
     pub joined: Instant,
 }
 
+impl Member {
+    /// A server that joins now, alive.
+    fn new(
+        id: NodeId,
+        addr: SocketAddr,
+        capacity: u64,
+        label: Option<String>,
+        now: Instant,
+    ) -> Self {
+        Self {
+            id,
+            addr,
+            capacity,
+            label,
+            last_seen: now,
+            stats: NodeStats {
+                capacity,
+                ..NodeStats::default()
+            },
+            dead: false,
+            draining: false,
+            joined: now,
+        }
+    }
+}
+
 /// What a heartbeat learns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Beat {
@@ -289,20 +315,8 @@ impl State {
         self.reap(now);
         let id = self.next_id;
         self.next_id += 1;
-        self.members.push(Member {
-            id,
-            addr,
-            capacity,
-            label,
-            last_seen: now,
-            stats: NodeStats {
-                capacity,
-                ..NodeStats::default()
-            },
-            dead: false,
-            draining: false,
-            joined: now,
-        });
+        self.members
+            .push(Member::new(id, addr, capacity, label, now));
         if self.table.is_some() {
             info!(node = id, %addr, "server joined a running cluster: it receives its share");
             self.replan("a server joined");
@@ -383,20 +397,8 @@ impl State {
             return Err(ErrorCode::NotFound);
         }
         self.next_id = self.next_id.max(node.saturating_add(1));
-        self.members.push(Member {
-            id: node,
-            addr,
-            capacity,
-            label,
-            last_seen: now,
-            stats: NodeStats {
-                capacity,
-                ..NodeStats::default()
-            },
-            dead: false,
-            draining: false,
-            joined: now,
-        });
+        self.members
+            .push(Member::new(node, addr, capacity, label, now));
         info!(node, %addr, epoch, "a server of the running cluster rejoined");
         Ok(node)
     }
