@@ -87,7 +87,11 @@ fn mode_string(i: &Inode) -> String {
 }
 
 fn time(t: Timespec) -> String {
-    let secs = t.secs;
+    utc_secs(t.secs)
+}
+
+/// Seconds since 1970 as `YYYY-MM-DD HH:MM:SS`, in UTC.
+pub(crate) fn utc_secs(secs: i64) -> String {
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm), in UTC.
     let z = days + 719_468;

@@ -366,24 +366,7 @@ fn file_key(r: &Record) -> String {
 
 /// `unix_ns` as `YYYY-MM-DD HH:MM:SS`.
 fn utc(unix_ns: u64) -> String {
-    let secs = unix_ns / 1_000_000_000;
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    crate::files::utc_secs(i64::try_from(unix_ns / 1_000_000_000).unwrap_or(i64::MAX))
 }
 
 /// `--from`/`--to` in nanoseconds.
