@@ -11,6 +11,7 @@ cluster for tests and notebooks.
 b'hi'
 """
 
+from . import trace
 from ._client import Client, TesseraFile
 from ._tessera import __version__, cluster_file
 from .cluster import LocalCluster, find_binary
@@ -21,5 +22,6 @@ __all__ = [
     "LocalCluster",
     "find_binary",
     "cluster_file",
+    "trace",
     "__version__",
 ]

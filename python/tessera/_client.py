@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import io
 import os
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -153,6 +154,11 @@ class Client:
     ``FileNotFoundError``, ``FileExistsError``, ``IsADirectoryError``,
     ``NotADirectoryError``, ``PermissionError``, ``OSError`` with ``errno`` (``ENOSPC`` for a
     full cluster, ``ENOTEMPTY``...), ``ConnectionError`` when the cluster cannot be reached.
+
+    ``trace`` (a directory, created if missing) records every call this client makes, and
+    every call on the files it opens, into a new trace file there (docs/TRACING.md): read it
+    with :func:`tessera.trace.read` or ``tessera trace summary``. The trace is finished at
+    exit or by :meth:`stop_trace`.
     """
 
     def __init__(
@@ -161,10 +167,31 @@ class Client:
         secret: Optional[str] = None,
         config: Optional[PathLike] = None,
         timeout: float = 30.0,
+        trace: Optional[PathLike] = None,
     ) -> None:
         self._inner = _tessera.Client(
-            manager, secret, None if config is None else os.fspath(config), timeout
+            manager,
+            secret,
+            None if config is None else os.fspath(config),
+            timeout,
+            None if trace is None else os.fspath(trace),
         )
+        if trace is not None:
+            atexit.register(self._inner.stop_trace)
+
+    @property
+    def trace_file(self) -> Optional[str]:
+        """The trace file this client records its calls in (``trace=``), or None."""
+        path = self._inner.trace_file
+        return None if path is None else os.fspath(path)
+
+    def flush_trace(self) -> None:
+        """Writes out the trace's records so far (done every 250 ms anyway)."""
+        self._inner.flush_trace()
+
+    def stop_trace(self) -> None:
+        """Finishes the trace: later calls are not recorded."""
+        self._inner.stop_trace()
 
     @property
     def manager(self) -> str:

@@ -228,10 +228,10 @@ class LocalCluster:
         assert self.manager is not None and self.secret is not None
         return {"TESSERA_MANAGER": self.manager, "TESSERA_SECRET": self.secret}
 
-    def client(self) -> Client:
-        """A new :class:`tessera.Client` of this cluster."""
+    def client(self, trace: Optional[PathLike] = None) -> Client:
+        """A new :class:`tessera.Client` of this cluster (``trace``: see :class:`Client`)."""
         self._check()
-        return Client(self.manager, self.secret)
+        return Client(self.manager, self.secret, trace=trace)
 
     def fs(self, **kwargs: Any) -> "TesseraFileSystem":
         """An fsspec file system (``tessera://``) of this cluster."""

@@ -29,7 +29,9 @@ class TesseraFileSystem(AbstractFileSystem):  # type: ignore[misc]
     Parameters: ``manager`` (``HOST:PORT``), ``secret``, ``config`` (a configuration file),
     ``timeout`` (seconds to wait for a starting cluster), ``concurrency`` (files in flight in
     batch operations), ``auto_mkdir`` (create missing parents when a file is opened for
-    writing). Unset ``manager``/``secret`` are found as the command line finds them.
+    writing), ``trace`` (a directory to trace this file system's calls into, see
+    :class:`tessera.Client`). Unset ``manager``/``secret`` are found as the command line
+    finds them.
     """
 
     protocol = ("tessera",)
@@ -43,10 +45,11 @@ class TesseraFileSystem(AbstractFileSystem):  # type: ignore[misc]
         timeout: float = 30.0,
         concurrency: int = 32,
         auto_mkdir: bool = False,
+        trace: Optional[str] = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.client = Client(manager, secret, config, timeout)
+        self.client = Client(manager, secret, config, timeout, trace)
         self.concurrency = concurrency
         self.auto_mkdir = auto_mkdir
         self._batch = threading.local()

@@ -252,7 +252,13 @@ fn summary(path: &Path, out: &mut impl Write) -> Result<()> {
     let mut files: HashMap<String, Tally> = HashMap::new();
     let mut ops: BTreeMap<Op, Tally> = BTreeMap::new();
     let mut sizes: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    let (mut all, mut fetched, mut sent) = (Tally::default(), 0, 0);
     for r in &t.records {
+        all.add(r);
+        match r.op {
+            Op::Read => fetched += r.server_size.unwrap_or(0),
+            _ => sent += r.server_size.unwrap_or(0),
+        }
         procs.entry(r.pid).or_default().add(r);
         files.entry(file_key(r)).or_default().add(r);
         ops.entry(r.op).or_default().add(r);
@@ -264,6 +270,14 @@ fn summary(path: &Path, out: &mut impl Write) -> Result<()> {
             }
         }
     }
+    writeln!(
+        out,
+        "  data: {} read, {} written; the servers were asked for {} and sent {}",
+        human(all.read),
+        human(all.written),
+        human(fetched),
+        human(sent)
+    )?;
     let secs = |ns: u64| format!("{:.3} s", ns as f64 / 1e9);
     writeln!(out, "\nper process")?;
     writeln!(
@@ -317,7 +331,10 @@ fn summary(path: &Path, out: &mut impl Write) -> Result<()> {
             secs(s.ns)
         )?;
     }
-    writeln!(out, "\nrequest sizes (as the kernel asked)")?;
+    writeln!(
+        out,
+        "\nrequest sizes (as the kernel, or the program through the library, asked)"
+    )?;
     writeln!(out, "  {:<22} {:>9} {:>9}", "size", "reads", "writes")?;
     for (c, (reads, writes)) in &sizes {
         writeln!(out, "  {:<22} {reads:>9} {writes:>9}", class_label(*c))?;
@@ -464,6 +481,9 @@ fn chrome(t: &Trace, from: Option<f64>, out: &mut impl Write) -> Result<()> {
         }
         if let Some(e) = &r.exe {
             write!(out, ",\"exe\":{}", json(e))?;
+        }
+        if let Some(n) = r.server_size {
+            write!(out, ",\"server_size\":{n}")?;
         }
         if r.via_handle {
             write!(out, ",\"via_handle\":true")?;

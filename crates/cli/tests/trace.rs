@@ -172,6 +172,15 @@ fn dd_is_traced_record_by_record_and_exported() {
         assert_eq!(w.mode, Mode::DirectIo);
         assert!(!w.via_handle && w.start_ns <= w.end_ns);
     }
+    // Each byte went to the servers once: a stripe when it filled, the rest at the close.
+    let sent: u64 = t
+        .records
+        .iter()
+        .filter(|r| r.path.as_deref() == Some("/dd.out"))
+        .filter_map(|r| r.server_size)
+        .sum();
+    assert_eq!(sent, N * 65536, "bytes the servers were asked to store");
+    assert!(writes.iter().all(|w| w.server_size.is_some()));
     let create = of(&t, pid, Op::Create);
     assert_eq!(create.len(), 1, "dd created its output");
     assert_eq!((path(create[0]), create[0].result), ("/dd.out", 0));

@@ -24,6 +24,7 @@ mod namespace;
 mod options;
 mod path;
 mod route;
+mod trace;
 
 pub use error::{Error, Result};
 pub use file::File;
@@ -35,6 +36,7 @@ pub use tessera_proto::{
     DirEntry, ErrorCode, FileKind, Inode, Listed, Name, Notice, NoticeSink, SetAttr, Sink,
     Timespec, NAME_MAX, RECALL_PATIENCE,
 };
+pub use trace::TraceOptions;
 
 use route::Router;
 use std::sync::Arc;
@@ -48,6 +50,8 @@ pub struct Client {
     opts: Arc<ClientOptions>,
     /// Where this handle's requests may go out instead of the shared connections.
     lane: Option<Lane>,
+    /// The trace its calls by path are recorded in (`ClientOptions::trace`).
+    trace: Option<Arc<trace::Tracer>>,
 }
 
 impl Client {
@@ -55,11 +59,16 @@ impl Client {
     pub async fn connect(opts: ClientOptions) -> Result<Self> {
         let router = Router::connect(&opts).await?;
         let deadline = std::time::Instant::now() + opts.ready_timeout;
+        let trace = match &opts.trace {
+            Some(t) => Some(Arc::new(trace::Tracer::start(t)?)),
+            None => None,
+        };
         let client = Self {
             router: Arc::new(router),
             dirs: Arc::new(path::DirCache::new(opts.dir_cache_ttl)),
             opts: Arc::new(opts),
             lane: None,
+            trace,
         };
         // The manager creates the root right after the table; a new cluster may not have it yet.
         loop {
@@ -122,6 +131,29 @@ impl Client {
     /// FUSE mount's kernel cache). Once per client.
     pub fn subscribe(&self, sink: tessera_proto::NoticeSink) -> Result<()> {
         self.router.subscribe(sink)
+    }
+
+    /// The file this client's calls are traced into, if they are.
+    #[must_use]
+    pub fn trace_file(&self) -> Option<&std::path::Path> {
+        self.trace.as_deref().map(trace::Tracer::path)
+    }
+
+    /// Writes out the trace's records so far (they are written every 250 ms anyway, and the
+    /// trace is finished when the last handle of the client and its files is dropped).
+    pub fn flush_trace(&self) {
+        if let Some(t) = &self.trace {
+            t.flush();
+        }
+    }
+
+    /// Finishes the trace (what is buffered and an end marker are written): later calls of
+    /// this client and its clones are not recorded. Otherwise it is finished when the last
+    /// handle of the client and of the files it opened is dropped.
+    pub fn stop_trace(&self) {
+        if let Some(t) = &self.trace {
+            t.close();
+        }
     }
 
     /// The cluster's status, as the manager sees it.

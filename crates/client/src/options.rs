@@ -1,6 +1,7 @@
 //! How a client connects and behaves ([`ClientOptions`]), and how a file is opened
 //! ([`OpenOptions`]).
 
+use crate::trace::TraceOptions;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tessera_proto::Secret;
@@ -48,6 +49,9 @@ pub struct ClientOptions {
     pub gid: u32,
     /// Applied to the mode of files and directories created by path.
     pub umask: u32,
+    /// Record every call by path, and every call on a file opened by path, into a trace
+    /// file (docs/TRACING.md); `None`: off.
+    pub trace: Option<TraceOptions>,
 }
 
 impl ClientOptions {
@@ -69,6 +73,7 @@ impl ClientOptions {
             uid,
             gid,
             umask: 0o022,
+            trace: None,
         }
     }
 }
@@ -104,6 +109,26 @@ impl Default for OpenOptions {
 }
 
 impl OpenOptions {
+    /// The flags of an open(2) that asks for the same, as traces record them.
+    pub(crate) fn flags(&self) -> u32 {
+        let access = match (self.read, self.write || self.append) {
+            (_, false) => libc::O_RDONLY,
+            (false, true) => libc::O_WRONLY,
+            (true, true) => libc::O_RDWR,
+        };
+        let bits = [
+            (self.append, libc::O_APPEND),
+            (self.truncate, libc::O_TRUNC),
+            (self.create || self.create_new, libc::O_CREAT),
+            (self.create_new, libc::O_EXCL),
+        ];
+        let flags = bits
+            .iter()
+            .filter(|(on, _)| *on)
+            .fold(access, |f, (_, bit)| f | bit);
+        u32::try_from(flags).unwrap_or(0)
+    }
+
     /// Read only.
     #[must_use]
     pub fn read() -> Self {

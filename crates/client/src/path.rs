@@ -2,12 +2,16 @@
 //! keeps path walks from asking the same directory servers again and again.
 
 use crate::options::OpenOptions;
+use crate::trace::{self, Answer, Call, NOFOLLOW, PARENTS};
 use crate::{Client, Error, File, Result};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Mutex, PoisonError};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tessera_placement::{Ino, ROOT_INO};
 use tessera_proto::{DirEntry, ErrorCode, FileKind, Inode, Name, SetAttr, Timespec};
+use tessera_trace::Op;
 
 /// Symbolic links followed in one path walk before ELOOP (Linux's limit).
 const MAX_LINKS: u32 = 40;
@@ -138,14 +142,39 @@ impl Client {
         Ok((dir, None))
     }
 
+    /// Runs the path call `run`, recorded as `call` describes it if this client traces.
+    async fn traced<'a, T: Answer>(
+        &self,
+        call: impl FnOnce() -> Call<'a>,
+        run: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let span = trace::begin(self.trace.as_ref());
+        let out = run.await;
+        if let Some(span) = span {
+            span.end(&call(), &out);
+        }
+        out
+    }
+
+    fn call<'a>(&self, op: Op, path: &'a [u8]) -> Call<'a> {
+        Call::new(op, path, self.opts.uid)
+    }
+
     /// The inode at `path`, following symbolic links.
     pub async fn stat(&self, path: impl AsRef<[u8]>) -> Result<Inode> {
-        self.stat_inner(path.as_ref(), true).await
+        let path = path.as_ref();
+        self.traced(|| self.call(Op::Getattr, path), self.stat_inner(path, true))
+            .await
     }
 
     /// The inode at `path`; a final symbolic link is not followed.
     pub async fn lstat(&self, path: impl AsRef<[u8]>) -> Result<Inode> {
-        self.stat_inner(path.as_ref(), false).await
+        let path = path.as_ref();
+        let call = || Call {
+            flags: NOFOLLOW,
+            ..self.call(Op::Getattr, path)
+        };
+        self.traced(call, self.stat_inner(path, false)).await
     }
 
     async fn stat_inner(&self, path: &[u8], follow: bool) -> Result<Inode> {
@@ -167,9 +196,27 @@ impl Client {
         }
     }
 
-    /// Opens the file at `path`.
+    /// Opens the file at `path`; recorded as a create if it may create it.
     pub async fn open(&self, path: impl AsRef<[u8]>, opts: &OpenOptions) -> Result<File> {
-        let (dir, name, entry) = match self.walk(components(path.as_ref()), true).await? {
+        let path = path.as_ref();
+        let op = if opts.create || opts.create_new {
+            Op::Create
+        } else {
+            Op::Open
+        };
+        let call = || Call {
+            flags: opts.flags(),
+            ..self.call(op, path)
+        };
+        let mut out = self.traced(call, self.open_untraced(path, opts)).await;
+        if let (Some(t), Ok(f)) = (&self.trace, &mut out) {
+            f.trace(Arc::clone(t), path);
+        }
+        out
+    }
+
+    async fn open_untraced(&self, path: &[u8], opts: &OpenOptions) -> Result<File> {
+        let (dir, name, entry) = match self.walk(components(path), true).await? {
             (dir, Some((name, entry))) => (dir, name, entry),
             (dir, None) => return self.open_ino(dir, opts).await,
         };
@@ -192,16 +239,34 @@ impl Client {
 
     /// Creates a directory; its parent must exist.
     pub async fn create_dir(&self, path: impl AsRef<[u8]>) -> Result<Inode> {
-        match self.parent_of(path.as_ref()).await? {
-            (_, _, Some(_)) => Err(ErrorCode::Exists.into()),
-            (dir, name, None) => self.mkdir(dir, &name, 0o777 & !self.opts.umask).await,
-        }
+        let path = path.as_ref();
+        let mode = 0o777 & !self.opts.umask;
+        let call = || Call {
+            flags: mode,
+            ..self.call(Op::Mkdir, path)
+        };
+        self.traced(call, async {
+            match self.parent_of(path).await? {
+                (_, _, Some(_)) => Err(ErrorCode::Exists.into()),
+                (dir, name, None) => self.mkdir(dir, &name, mode).await,
+            }
+        })
+        .await
     }
 
     /// Creates a directory and any missing parents; an existing directory is fine.
     pub async fn create_dir_all(&self, path: impl AsRef<[u8]>) -> Result<Inode> {
+        let path = path.as_ref();
+        let call = || Call {
+            flags: 0o777 & !self.opts.umask | PARENTS,
+            ..self.call(Op::Mkdir, path)
+        };
+        self.traced(call, self.create_dir_all_untraced(path)).await
+    }
+
+    async fn create_dir_all_untraced(&self, path: &[u8]) -> Result<Inode> {
         let mut dir = self.getattr(ROOT_INO).await?;
-        for c in components(path.as_ref()) {
+        for c in components(path) {
             dir = match self.lookup_cached(dir.ino, &c).await {
                 Ok(e) if e.kind == FileKind::Dir => self.getattr(e.ino).await?,
                 Ok(_) => return Err(ErrorCode::NotDir.into()),
@@ -220,7 +285,16 @@ impl Client {
 
     /// Entries of the directory at `path`, with their attributes.
     pub async fn read_dir(&self, path: impl AsRef<[u8]>) -> Result<Vec<(Name, Inode)>> {
-        let dir = self.stat(path).await?;
+        let path = path.as_ref();
+        self.traced(
+            || self.call(Op::Readdir, path),
+            self.read_dir_untraced(path),
+        )
+        .await
+    }
+
+    async fn read_dir_untraced(&self, path: &[u8]) -> Result<Vec<(Name, Inode)>> {
+        let dir = self.stat_inner(path, true).await?;
         if dir.kind != FileKind::Dir {
             return Err(ErrorCode::NotDir.into());
         }
@@ -246,25 +320,51 @@ impl Client {
     }
 
     pub async fn remove_file(&self, path: impl AsRef<[u8]>) -> Result<()> {
-        let (dir, name, _) = self.parent_of(path.as_ref()).await?;
-        self.unlink(dir, &name).await
+        let path = path.as_ref();
+        self.traced(|| self.call(Op::Unlink, path), async {
+            let (dir, name, _) = self.parent_of(path).await?;
+            self.unlink(dir, &name).await
+        })
+        .await
     }
 
     pub async fn remove_dir(&self, path: impl AsRef<[u8]>) -> Result<()> {
-        let (dir, name, _) = self.parent_of(path.as_ref()).await?;
-        self.rmdir(dir, &name).await
+        let path = path.as_ref();
+        self.traced(|| self.call(Op::Rmdir, path), async {
+            let (dir, name, _) = self.parent_of(path).await?;
+            self.rmdir(dir, &name).await
+        })
+        .await
     }
 
-    /// Removes `path` and, for a directory, everything below it.
+    /// Removes `path` and, for a directory, everything below it (recorded as one unlink, or
+    /// one rmdir of a tree).
     pub async fn remove_all(&self, path: impl AsRef<[u8]>) -> Result<()> {
-        let (dir, name, entry) = self.parent_of(path.as_ref()).await?;
-        let entry = entry.ok_or_else(Error::not_found)?;
-        if entry.kind == FileKind::Dir {
-            self.empty_tree(entry.ino).await?;
-            self.rmdir(dir, &name).await
-        } else {
-            self.unlink(dir, &name).await
-        }
+        let path = path.as_ref();
+        let tree = AtomicBool::new(false);
+        let call = || Call {
+            flags: PARENTS,
+            ..self.call(
+                if tree.load(Ordering::Relaxed) {
+                    Op::Rmdir
+                } else {
+                    Op::Unlink
+                },
+                path,
+            )
+        };
+        self.traced(call, async {
+            let (dir, name, entry) = self.parent_of(path).await?;
+            let entry = entry.ok_or_else(Error::not_found)?;
+            if entry.kind == FileKind::Dir {
+                tree.store(true, Ordering::Relaxed);
+                self.empty_tree(entry.ino).await?;
+                self.rmdir(dir, &name).await
+            } else {
+                self.unlink(dir, &name).await
+            }
+        })
+        .await
     }
 
     /// Empties a directory tree, deepest directories first (an explicit stack: trees may be
@@ -296,11 +396,19 @@ impl Client {
     }
 
     pub async fn rename_path(&self, from: impl AsRef<[u8]>, to: impl AsRef<[u8]>) -> Result<()> {
-        let (src_dir, src_name, _) = self.parent_of(from.as_ref()).await?;
-        let (dst_dir, dst_name, _) = self.parent_of(to.as_ref()).await?;
-        self.rename(src_dir, &src_name, dst_dir, &dst_name, false)
-            .await
-            .map(drop)
+        let (from, to) = (from.as_ref(), to.as_ref());
+        let call = || Call {
+            target: Some(to),
+            ..self.call(Op::Rename, from)
+        };
+        self.traced(call, async {
+            let (src_dir, src_name, _) = self.parent_of(from).await?;
+            let (dst_dir, dst_name, _) = self.parent_of(to).await?;
+            self.rename(src_dir, &src_name, dst_dir, &dst_name, false)
+                .await
+                .map(drop)
+        })
+        .await
     }
 
     /// A symbolic link at `link` whose target is `target`, byte for byte.
@@ -309,8 +417,16 @@ impl Client {
         target: impl AsRef<[u8]>,
         link: impl AsRef<[u8]>,
     ) -> Result<Inode> {
-        let (dir, name, _) = self.parent_of(link.as_ref()).await?;
-        self.symlink(dir, &name, target.as_ref()).await
+        let (target, link) = (target.as_ref(), link.as_ref());
+        let call = || Call {
+            target: Some(target),
+            ..self.call(Op::Symlink, link)
+        };
+        self.traced(call, async {
+            let (dir, name, _) = self.parent_of(link).await?;
+            self.symlink(dir, &name, target).await
+        })
+        .await
     }
 
     pub async fn hard_link(
@@ -318,26 +434,46 @@ impl Client {
         existing: impl AsRef<[u8]>,
         link: impl AsRef<[u8]>,
     ) -> Result<Inode> {
-        let src = self.lstat(existing).await?;
-        let (dir, name, _) = self.parent_of(link.as_ref()).await?;
-        self.link(src.ino, dir, &name).await
+        let (existing, link) = (existing.as_ref(), link.as_ref());
+        let call = || Call {
+            target: Some(link),
+            ..self.call(Op::Link, existing)
+        };
+        self.traced(call, async {
+            let src = self.stat_inner(existing, false).await?;
+            let (dir, name, _) = self.parent_of(link).await?;
+            self.link(src.ino, dir, &name).await
+        })
+        .await
     }
 
     /// The target of the symbolic link at `path`, byte for byte.
     pub async fn read_link(&self, path: impl AsRef<[u8]>) -> Result<Vec<u8>> {
-        let inode = self.lstat(path).await?;
-        self.readlink(inode.ino).await
+        let path = path.as_ref();
+        self.traced(|| self.call(Op::Readlink, path), async {
+            let inode = self.stat_inner(path, false).await?;
+            self.readlink(inode.ino).await
+        })
+        .await
     }
 
     /// Changes the permission bits at `path`.
     pub async fn set_mode(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<Inode> {
-        let inode = self.stat(path).await?;
-        let attr = SetAttr {
-            mode: Some(mode & 0o7777),
-            ctime: Timespec::now(),
-            ..SetAttr::default()
+        let path = path.as_ref();
+        let call = || Call {
+            flags: mode & 0o7777,
+            ..self.call(Op::Setattr, path)
         };
-        self.setattr(inode.ino, attr).await
+        self.traced(call, async {
+            let inode = self.stat_inner(path, true).await?;
+            let attr = SetAttr {
+                mode: Some(mode & 0o7777),
+                ctime: Timespec::now(),
+                ..SetAttr::default()
+            };
+            self.setattr(inode.ino, attr).await
+        })
+        .await
     }
 
     /// The whole content of the file at `path`.

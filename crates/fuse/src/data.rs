@@ -17,7 +17,7 @@ impl Fs {
         (fh, h): (FileHandle, Arc<OpenFile>),
         offset: u64,
         size: u32,
-        reply: ReplyData,
+        mut reply: ReplyData,
     ) {
         self.serve(s, move |fs| async move {
             fs.publish_others(fh, h.ino).await;
@@ -26,7 +26,10 @@ impl Fs {
                 if h.stale.swap(false, Ordering::AcqRel) {
                     f.drop_read_ahead();
                 }
-                f.read_at(offset, size as usize).await
+                let asked = f.asked();
+                let r = f.read_at(offset, size as usize).await;
+                reply.servers(f.asked() - asked);
+                r
             };
             match r {
                 Ok(data) => reply.data(&data),
@@ -44,7 +47,7 @@ impl Fs {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        reply: ReplyWrite,
+        mut reply: ReplyWrite,
     ) {
         // Pages of a mapping (or of the writeback cache) written back: those go where they
         // belong, and are the pages themselves.
@@ -53,31 +56,39 @@ impl Fs {
             .then(|| self.files().append(h.ino, data.len() as u64))
             .flatten();
         let offset = appended.unwrap_or(offset);
+        let mut asked = 0;
         let r = self.here(async {
             let mut f = h.file.lock().await;
-            // A small output's bytes wait in the handle until its close, and need not wait
-            // for its create answered ahead; what goes to the servers follows the inode there.
-            if h.sync || !f.buffers(offset, data.len()) {
-                entered.settle(self, &[h.ino]);
-                if let Some(e) = h.unmade() {
-                    return Err(e);
+            let before = f.asked();
+            let r = async {
+                // A small output's bytes wait in the handle until its close, and need not wait
+                // for its create answered ahead; what goes to the servers follows the inode there.
+                if h.sync || !f.buffers(offset, data.len()) {
+                    entered.settle(self, &[h.ino]);
+                    if let Some(e) = h.unmade() {
+                        return Err(e);
+                    }
                 }
+                let written = f.write_at(offset, data).await;
+                if !h.sync {
+                    // Also after a failure: a write lost cuts the size back.
+                    h.unpublished.store(f.len(), Ordering::Relaxed);
+                }
+                let n = written.map_err(|e| errno(&e))?;
+                self.files().wrote(h.ino, offset + n as u64);
+                self.bytes_changed(h.ino, fh);
+                if h.sync {
+                    let r = f.flush().await;
+                    self.settle(&mut f);
+                    r.map_err(|e| errno(&e))?;
+                }
+                Ok::<_, Errno>(n)
             }
-            let written = f.write_at(offset, data).await;
-            if !h.sync {
-                // Also after a failure: a write lost cuts the size back.
-                h.unpublished.store(f.len(), Ordering::Relaxed);
-            }
-            let n = written.map_err(|e| errno(&e))?;
-            self.files().wrote(h.ino, offset + n as u64);
-            self.bytes_changed(h.ino, fh);
-            if h.sync {
-                let r = f.flush().await;
-                self.settle(&mut f);
-                r.map_err(|e| errno(&e))?;
-            }
-            Ok::<_, Errno>(n)
+            .await;
+            asked = f.asked() - before;
+            r
         });
+        reply.servers(asked);
         let after = self.policy.after_write(h.direct, page_writeback);
         // Not every kernel drops the pages it holds of what a direct write replaced; without
         // this, other handles (and opens keeping the cache) would read old bytes.

@@ -212,8 +212,9 @@ impl Fs {
         // to wait for: answered here, without the hop to the runtime.
         if h.unpublished.load(Ordering::Relaxed) == 0 {
             if let Ok(mut f) = h.file.try_lock() {
+                let asked = f.asked();
                 let r = self.here(f.flush());
-                return self.flushed(&h, f, r, reply);
+                return self.flushed(&h, f, (r, asked), reply);
             }
         }
         self.serve(s, move |fs| async move { fs.flush_handle(&h, reply).await });
@@ -228,11 +229,13 @@ impl Fs {
     /// Stores everything written through `h` and publishes its size (close, fsync).
     async fn flush_handle(&self, h: &OpenFile, reply: ReplyEmpty) {
         let mut f = h.file.lock().await;
+        let asked = f.asked();
         let r = f.flush().await;
-        self.flushed(h, f, r, reply);
+        self.flushed(h, f, (r, asked), reply);
     }
 
-    /// Answers a flush of `h` that ended with `r`. A flush that failed may have left the size
+    /// Answers a flush of `h` that ended with `r`, `asked` being what the handle had asked of
+    /// the servers before it (for the trace). A flush that failed may have left the size
     /// short of what the kernel was told by the writes' answers (a write lost): it asks for
     /// the attributes again (told before close(2) returns), and the pages it holds from the
     /// size on are dropped once the answer is out (a write may hold them locked until then).
@@ -240,9 +243,10 @@ impl Fs {
         &self,
         h: &OpenFile,
         mut f: tokio::sync::MutexGuard<'_, File>,
-        r: Result<(), Error>,
-        reply: ReplyEmpty,
+        (r, asked): (Result<(), Error>, u64),
+        mut reply: ReplyEmpty,
     ) {
+        reply.servers(f.asked() - asked);
         self.settle(&mut f);
         h.unpublished.store(0, Ordering::Relaxed);
         let size = f.len();

@@ -21,10 +21,10 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
-use tessera_trace::{Event, Header, Mode, Op, Writer};
+use tessera_trace::{Event, Mode, Op, Writer};
 
 /// The extended attribute of the mount's root that starts and stops tracing.
 pub const CONTROL_XATTR: &str = "user.tessera.trace";
@@ -77,8 +77,6 @@ pub(crate) struct Tracing {
     opts: TraceOptions,
     mount: PathBuf,
     mode: Mode,
-    /// Traces started by this process (numbers the files).
-    started: AtomicU32,
     /// The user the mount runs as: it (or root) may switch tracing.
     owner: u32,
 }
@@ -192,7 +190,6 @@ impl Tracing {
             opts: opts.trace.clone(),
             mount,
             mode,
-            started: AtomicU32::new(0),
             // SAFETY: no preconditions.
             owner: unsafe { libc::geteuid() },
         }
@@ -222,13 +219,8 @@ impl Tracing {
         if active.is_some() {
             return Err(std::io::Error::from_raw_os_error(libc::EBUSY));
         }
-        let host = hostname();
-        let n = self.started.fetch_add(1, Ordering::Relaxed) + 1;
-        let pid = std::process::id();
-        let path = dir.join(format!("{host}-{pid}-{n}.ttrace"));
         let source = format!("fuse {}", self.mount.display());
-        let header = Header::new(host, pid, source, self.mode);
-        let writer = Writer::create(&path, &header, &self.opts.writer)?;
+        let (path, writer) = Writer::create_in(dir, source, self.mode, &self.opts.writer)?;
         *active = Some(Arc::new(Active {
             writer,
             procs: Mutex::default(),
@@ -332,6 +324,7 @@ impl Tracing {
             start,
             learns,
             entries: 0,
+            server_size: None,
         })
     }
 }
@@ -432,14 +425,6 @@ fn read_proc(tid: u32, now: u64) -> Proc {
     }
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into())
-}
-
 /// A record begun: finished by the answer.
 pub(crate) struct Span {
     active: Arc<Active>,
@@ -460,6 +445,8 @@ pub(crate) struct Span {
     learns: bool,
     /// Entries a listing answered with.
     entries: u64,
+    /// Bytes of file data the servers were asked for (reads, writes, flushes).
+    server_size: Option<u64>,
 }
 
 impl Span {
@@ -480,7 +467,7 @@ impl Span {
             target: self.target.as_deref(),
             offset: self.offset,
             size: self.size,
-            server_size: None,
+            server_size: self.server_size,
             flags: self.flags,
             start_ns: self.start,
             end_ns,
@@ -518,6 +505,13 @@ impl<R> Traced<R> {
             direct: s.flags as i32 & libc::O_DIRECT != 0,
             unused: AtomicBool::new(true),
         })
+    }
+
+    /// The request had the servers asked for `bytes` of file data (see `File::asked`).
+    pub(crate) fn servers(&mut self, bytes: u64) {
+        if let Some(s) = &mut self.span {
+            s.server_size = Some(bytes);
+        }
     }
 
     fn counted(&mut self, added: bool) -> bool {

@@ -11,6 +11,7 @@ mod config;
 mod error;
 mod file;
 mod sink;
+mod trace;
 
 use bytes::Bytes;
 use error::{at, to_py};
@@ -22,7 +23,9 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
-use tessera_client::{Client, ClientOptions, Error, File, FileKind, Inode, OpenOptions};
+use tessera_client::{
+    Client, ClientOptions, Error, File, FileKind, Inode, OpenOptions, TraceOptions,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Files a batch call keeps in flight by default.
@@ -368,13 +371,14 @@ impl PyClient {
 #[pymethods]
 impl PyClient {
     #[new]
-    #[pyo3(signature = (manager = None, secret = None, config = None, timeout = 30.0))]
+    #[pyo3(signature = (manager = None, secret = None, config = None, timeout = 30.0, trace = None))]
     fn new(
         py: Python<'_>,
         manager: Option<String>,
         secret: Option<String>,
         config: Option<PathBuf>,
         timeout: f64,
+        trace: Option<PathBuf>,
     ) -> PyResult<Self> {
         let config::Found {
             addr,
@@ -392,6 +396,7 @@ impl PyClient {
         if timeout.is_finite() && timeout >= 0.0 {
             opts.ready_timeout = Duration::from_secs_f64(timeout);
         }
+        opts.trace = trace.map(TraceOptions::new);
         let client = py
             .detach(|| runtime().block_on(Client::connect(opts)))
             .map_err(|e| match e {
@@ -410,6 +415,22 @@ impl PyClient {
     #[getter]
     fn manager(&self) -> &str {
         &self.manager
+    }
+
+    /// The trace file this client's calls are recorded in (`trace=`), or None.
+    #[getter]
+    fn trace_file(&self) -> Option<PathBuf> {
+        self.client.trace_file().map(PathBuf::from)
+    }
+
+    /// Writes out the trace's records so far (also done every 250 ms).
+    fn flush_trace(&self, py: Python<'_>) {
+        py.detach(|| self.client.flush_trace());
+    }
+
+    /// Finishes the trace: later calls are not recorded (done at exit).
+    fn stop_trace(&self, py: Python<'_>) {
+        py.detach(|| self.client.stop_trace());
     }
 
     /// The cluster's stripe size in bytes.
@@ -709,6 +730,7 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyClient>()?;
     m.add_class::<PyFile>()?;
     m.add_function(wrap_pyfunction!(cluster_file, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::read_trace, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -5,7 +5,8 @@ use std::sync::Arc;
 /// Declares [`Op`] with its stable codes and names (stored in every trace's header).
 macro_rules! ops {
     ($($op:ident = $code:literal $name:literal,)*) => {
-        /// The operation a record is of: the kernel's requests to a FUSE mount.
+        /// The operation a record is of: the kernel's requests to a FUSE mount, which the
+        /// client library's calls are recorded as too.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum Op {
             $($op,)*
@@ -83,14 +84,17 @@ impl Op {
     }
 }
 
-/// How the kernel handled the file's data when the request was made: it reshapes requests
-/// (page cache: read-ahead and page-sized writes; write-back cache: writes gathered late).
+/// How the file's data was handled when the request was made: the kernel reshapes a mount's
+/// requests (page cache: read-ahead and page-sized writes; write-back cache: writes gathered
+/// late); the client library takes them as the program made them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Mode {
     #[default]
     PageCache,
     DirectIo,
     WritebackCache,
+    /// A call of the client library (a Rust or Python program linked with it): no kernel.
+    Library,
 }
 
 impl Mode {
@@ -99,6 +103,7 @@ impl Mode {
             Mode::PageCache => 0,
             Mode::DirectIo => 1,
             Mode::WritebackCache => 2,
+            Mode::Library => 3,
         }
     }
 
@@ -106,6 +111,7 @@ impl Mode {
         match code {
             1 => Mode::DirectIo,
             2 => Mode::WritebackCache,
+            3 => Mode::Library,
             _ => Mode::PageCache,
         }
     }
@@ -115,13 +121,19 @@ impl Mode {
             Mode::PageCache => "page-cache",
             Mode::DirectIo => "direct-io",
             Mode::WritebackCache => "writeback-cache",
+            Mode::Library => "library",
         }
     }
 
     pub fn from_name(name: &str) -> Option<Mode> {
-        [Mode::PageCache, Mode::DirectIo, Mode::WritebackCache]
-            .into_iter()
-            .find(|m| m.name() == name)
+        [
+            Mode::PageCache,
+            Mode::DirectIo,
+            Mode::WritebackCache,
+            Mode::Library,
+        ]
+        .into_iter()
+        .find(|m| m.name() == name)
     }
 }
 
@@ -144,7 +156,10 @@ pub struct Event<'a> {
     pub offset: u64,
     /// What the application (the kernel, for it) asked for: bytes for a read or write.
     pub size: u64,
-    /// What the servers were asked for, when it differs and is known.
+    /// Bytes of file data the servers were asked for to serve it (a read's fetches, read
+    /// ahead included; a write's or flush's stripe writes, counted once whatever the number of
+    /// replicas): fewer than `size` when it was served from what an earlier request brought or
+    /// left in the client's buffer, more when it read ahead or sent what earlier writes left.
     pub server_size: Option<u64>,
     /// Per operation: open flags (open, create), the rename flags, the new size's presence...
     pub flags: u32,

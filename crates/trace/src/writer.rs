@@ -6,12 +6,13 @@
 
 use crate::format::{put_record, put_str, put_v, CHUNK_HEAD, CHUNK_MAGIC};
 use crate::format::{DEF_OVERHEAD, GAP_MAX, REC_MAX, T_DEF, T_END, T_GAP, T_RESET};
-use crate::record::{Event, Gap};
+use crate::record::{Event, Gap, Mode};
 use crate::Header;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -55,7 +56,7 @@ pub struct Stats {
 pub struct Writer {
     shared: Arc<Shared>,
     base: Instant,
-    thread: Option<JoinHandle<Stats>>,
+    thread: Mutex<Option<JoinHandle<Stats>>>,
 }
 
 struct Shared {
@@ -161,8 +162,25 @@ impl Writer {
         Ok(Writer {
             shared,
             base,
-            thread: Some(thread),
+            thread: Mutex::new(Some(thread)),
         })
+    }
+
+    /// Starts a trace of `source` (e.g. `fuse /mnt/t`) in a new file of `dir`,
+    /// `<host>-<pid>-<n>.ttrace`, numbered in the order this process starts them; its path.
+    pub fn create_in(
+        dir: &Path,
+        source: String,
+        mode: Mode,
+        opts: &Options,
+    ) -> std::io::Result<(PathBuf, Writer)> {
+        static STARTED: AtomicU32 = AtomicU32::new(0);
+        let host = hostname();
+        let pid = std::process::id();
+        let n = STARTED.fetch_add(1, Ordering::Relaxed) + 1;
+        let path = dir.join(format!("{host}-{pid}-{n}.ttrace"));
+        let writer = Writer::create(&path, &Header::new(host, pid, source, mode), opts)?;
+        Ok((path, writer))
     }
 
     /// Nanoseconds since the trace's time 0 (monotonic).
@@ -223,14 +241,21 @@ impl Writer {
     }
 
     /// Writes what is buffered and an end marker, and stops the thread.
-    pub fn finish(mut self) -> Stats {
-        self.stop()
+    pub fn finish(self) -> Stats {
+        self.close()
     }
 
-    fn stop(&mut self) -> Stats {
+    /// `finish` for a writer that is shared: records pushed after it are not kept. The stats
+    /// are returned to the first call only.
+    pub fn close(&self) -> Stats {
         self.shared.lock().stop = true;
         self.shared.wake.notify_one();
-        match self.thread.take().map(JoinHandle::join) {
+        let thread = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match thread.map(JoinHandle::join) {
             Some(Ok(stats)) => stats,
             _ => Stats::default(),
         }
@@ -239,9 +264,7 @@ impl Writer {
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        if self.thread.is_some() {
-            self.stop();
-        }
+        self.close();
     }
 }
 
@@ -329,4 +352,13 @@ fn write_chunk(file: &mut File, items: &[u8]) -> std::io::Result<u64> {
     file.write_all(&head)?;
     file.write_all(items)?;
     Ok((CHUNK_HEAD + items.len()) as u64)
+}
+
+/// This machine's name, as traces are named and described.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
 }

@@ -43,7 +43,7 @@ fn spec() -> impl Strategy<Value = Spec> {
     (
         (
             0..Op::ALL.len() as u8,
-            0..3u8,
+            0..4u8,
             any::<bool>(),
             any::<u32>(),
             any::<u32>(),
@@ -84,7 +84,12 @@ fn spec() -> impl Strategy<Value = Spec> {
 }
 
 fn mode(m: u8) -> Mode {
-    [Mode::PageCache, Mode::DirectIo, Mode::WritebackCache][m as usize]
+    [
+        Mode::PageCache,
+        Mode::DirectIo,
+        Mode::WritebackCache,
+        Mode::Library,
+    ][m as usize]
 }
 
 fn event(s: &Spec) -> Event<'static> {

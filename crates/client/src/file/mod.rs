@@ -28,79 +28,22 @@
 //! consistency, as NFS gives.
 
 mod read;
+mod write;
 
 use crate::options::{OpenOptions, WriteAck};
-use crate::route::{unexpected, Ack, Key, Outcome, ReadSinks};
+use crate::route::{unexpected, Key, ReadSinks};
+use crate::trace::{self, Answer, Call, Span, Tracer};
 use crate::{Client, Error, Result};
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use read::ReadAhead;
 use std::collections::VecDeque;
 use std::io::SeekFrom;
 use std::sync::Arc;
-use tessera_placement::{segments, Ino};
-use tessera_proto::{ErrorCode, Inode, Op, Response, SetAttr, Timespec};
+use tessera_placement::Ino;
+use tessera_proto::{Inode, Op, Response, SetAttr, Timespec};
+use tessera_trace::Op as TraceOp;
 use tracing::warn;
-
-/// A stripe write not yet acknowledged by every replica.
-struct Inflight {
-    stripe: u64,
-    offset: u32,
-    data: Bytes,
-    /// Replicas still to acknowledge, primary first.
-    acks: Vec<Ack>,
-}
-
-impl Inflight {
-    /// The bytes of the file it writes, with stripes of `stripe` bytes.
-    fn range(&self, stripe: u64) -> (u64, u64) {
-        let start = self.stripe * stripe + u64::from(self.offset);
-        (start, start + self.data.len() as u64)
-    }
-}
-
-/// The bytes of a handle's writes since its last publish that are not stored, and why.
-#[derive(Default)]
-struct Lost {
-    ranges: Vec<(u64, u64)>,
-    why: Option<Error>,
-}
-
-impl Lost {
-    fn add(&mut self, (start, end): (u64, u64), why: &Error) {
-        self.ranges.push((start, end));
-        self.why.get_or_insert_with(|| why.clone());
-    }
-
-    /// A later write stored `start..end` (writes complete in the order they were queued, so
-    /// what it covers holds its bytes, the last written there).
-    fn stored(&mut self, (start, end): (u64, u64)) {
-        if self.ranges.is_empty() {
-            return;
-        }
-        let mut left = Vec::with_capacity(self.ranges.len() + 1);
-        for (a, b) in self.ranges.drain(..) {
-            if b <= start || a >= end {
-                left.push((a, b));
-                continue;
-            }
-            if a < start {
-                left.push((a, start));
-            }
-            if b > end {
-                left.push((end, b));
-            }
-        }
-        self.ranges = left;
-        if self.ranges.is_empty() {
-            self.why = None;
-        }
-    }
-
-    /// The first byte not stored.
-    fn first(&self) -> Option<u64> {
-        self.ranges.iter().map(|&(a, _)| a).min()
-    }
-}
+use write::{Inflight, Lost};
 
 /// An open file of a Tessera cluster. Close it with [`File::close`] to learn about errors;
 /// a dropped handle is closed in the background.
@@ -142,6 +85,10 @@ pub struct File {
     /// Finishing a dropped handle in the background: if that task is dropped in turn (the
     /// runtime is shutting down), it must not hand itself on again, without end.
     detached: bool,
+    /// Bytes of file data asked of the servers so far (see [`File::asked`]).
+    asked: u64,
+    /// The trace this handle's calls are recorded in, with the path it was opened by.
+    trace: Option<(Arc<Tracer>, Arc<[u8]>)>,
 }
 
 impl File {
@@ -171,7 +118,49 @@ impl File {
             pos: 0,
             closed: false,
             detached: false,
+            asked: 0,
+            trace: None,
         }
+    }
+
+    /// Records this handle's calls into `tracer`, under `path`.
+    pub(crate) fn trace(&mut self, tracer: Arc<Tracer>, path: &[u8]) {
+        self.trace = Some((tracer, path.into()));
+    }
+
+    /// Bytes of file data this handle has asked the servers for: reads (read ahead included)
+    /// and stripe writes (once each, whatever the number of replicas; a re-sent write again).
+    /// A read served from what an earlier one fetched, or a write left in the handle's buffer,
+    /// asks nothing.
+    #[must_use]
+    pub fn asked(&self) -> u64 {
+        self.asked
+    }
+
+    /// Begins the record of a call if this handle is traced.
+    fn begin(&self) -> Option<(Span, u64)> {
+        trace::begin(self.trace.as_ref().map(|(t, _)| t)).map(|s| (s, self.asked))
+    }
+
+    /// Records a call begun by `begin`: `op` of `size` bytes at `offset`.
+    fn end<T: Answer>(
+        &self,
+        begun: Option<(Span, u64)>,
+        op: TraceOp,
+        at: (u64, u64),
+        out: &Result<T>,
+    ) {
+        let (Some((span, asked)), Some((_, path))) = (begun, &self.trace) else {
+            return;
+        };
+        let call = Call {
+            offset: at.0,
+            size: at.1,
+            server_size: Some(self.asked - asked),
+            ino: self.ino,
+            ..Call::new(op, path, self.client.opts.uid)
+        };
+        span.end(&call, out);
     }
 
     #[must_use]
@@ -217,233 +206,10 @@ impl File {
         self.failed.take().map_or(Ok(()), Err)
     }
 
-    /// These bytes of writes were not stored (`e`): the size ends before them, and the next
-    /// write, flush or close reports `e`.
-    fn lose(&mut self, ranges: impl IntoIterator<Item = (u64, u64)>, e: Error) {
-        for r in ranges {
-            self.lost.add(r, &e);
-        }
-        if let Some(first) = self.lost.first() {
-            self.size = self.size.min(first).max(self.base);
-        }
-        self.failed.get_or_insert(e);
-    }
-
-    /// A write is stored on every replica.
-    fn stored(&mut self, w: Inflight) {
-        self.lost.stored(w.range(self.stripe));
-        self.client.router.pool().recycle(w.data);
-    }
-
     /// Where this handle's unpublished writes end, short of the first byte not stored.
     fn reach(&self) -> Option<u64> {
         let extent = self.extent?;
         Some(self.lost.first().map_or(extent, |first| extent.min(first)))
-    }
-
-    /// Writes `data` at `offset` (at the end of the file if opened for append). The bytes may
-    /// still be in flight when this returns; `flush` or `close` waits for them.
-    pub async fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<usize> {
-        self.check(true)?;
-        let offset = if self.append { self.size } else { offset };
-        let end = offset
-            .checked_add(data.len() as u64)
-            .ok_or_else(|| Error::Invalid("write past the largest file offset".into()))?;
-        if data.is_empty() {
-            return Ok(0);
-        }
-        self.drop_read_ahead();
-        for seg in segments(offset, data.len(), self.stripe as u32) {
-            let piece = &data[seg.buf_offset..seg.buf_offset + seg.len as usize];
-            let at = offset + seg.buf_offset as u64;
-            let joins = matches!(&self.pending, Some((start, buf)) if start + buf.len() as u64 == at && seg.offset != 0);
-            if !joins {
-                self.send().await?;
-                let mut buf = self.client.router.pool().get(self.stripe as usize);
-                buf.reserve(piece.len());
-                self.pending = Some((at, buf));
-            }
-            let full = {
-                let (_, buf) = self.pending.as_mut().expect("set above");
-                buf.extend_from_slice(piece);
-                u64::from(seg.offset) + u64::from(seg.len) == self.stripe
-            };
-            if full {
-                self.send().await?;
-            }
-        }
-        self.size = self.size.max(end);
-        self.extent = Some(self.extent.map_or(end, |e| e.max(end)));
-        self.mtime = Some(Timespec::now());
-        if self.lost.first().is_some() {
-            // Once a write was lost, each waits until it is stored and reports its own
-            // failure, as NFS does: a failure reported once can be swallowed on the way (the
-            // kernel answers a write(2) whose second request failed with a short count), and
-            // the caller then writes the rest.
-            self.drain().await?;
-        }
-        Ok(data.len())
-    }
-
-    /// Would `write_at(offset, ..)` of `len` bytes stay in this handle's buffer, sending
-    /// nothing? Such a write needs nothing of the servers: not even the file's inode there.
-    #[must_use]
-    pub fn buffers(&self, offset: u64, len: usize) -> bool {
-        let at = if self.append { self.size } else { offset };
-        let within = at % self.stripe;
-        self.lost.first().is_none()
-            && within.saturating_add(len as u64) < self.stripe
-            && match &self.pending {
-                None => true,
-                Some((start, buf)) => start + buf.len() as u64 == at && within != 0,
-            }
-    }
-
-    /// Forgets this file without a word to the servers: it never reached them (a create
-    /// answered ahead that failed, or was not sent). Its writes are dropped.
-    pub fn abandon(&mut self) {
-        self.closed = true;
-    }
-
-    /// `send_pending` for a write: a failure found meanwhile (waiting for room in the window)
-    /// is reported by it, which then grows the size no further.
-    async fn send(&mut self) -> Result<()> {
-        self.send_pending().await?;
-        self.unreported()
-    }
-
-    /// Queues the aggregation buffer as one stripe write to every replica; fails at once only
-    /// if the stripe's partition is lost.
-    async fn send_pending(&mut self) -> Result<()> {
-        let Some((start, buf)) = self.pending.take() else {
-            return Ok(());
-        };
-        while self.inflight.len() >= self.client.opts.write_window.max(1) {
-            self.complete_oldest().await;
-        }
-        let stripe = start / self.stripe;
-        let offset = (start % self.stripe) as u32;
-        let data = buf.freeze();
-        let op = Op::WriteStripe {
-            file: self.ino,
-            stripe,
-            offset,
-        };
-        let router = &self.client.router;
-        let acks = match router
-            .send_write(&router.route(), Key::Stripe(self.ino, stripe), &op, &data)
-            .await
-        {
-            Ok(acks) => acks,
-            Err(e) => {
-                self.lose([(start, start + data.len() as u64)], e);
-                return self.unreported();
-            }
-        };
-        self.inflight.push_back(Inflight {
-            stripe,
-            offset,
-            data,
-            acks,
-        });
-        Ok(())
-    }
-
-    /// Waits for the oldest write in flight: for every replica's acknowledgement (`All`), or for
-    /// the primary's, the write then waiting in `lagging` for its mirrors (`Primary`).
-    async fn complete_oldest(&mut self) {
-        let Some(mut w) = self.inflight.pop_front() else {
-            return;
-        };
-        let router = &self.client.router;
-        let outcome = match self.ack {
-            WriteAck::All => router.wait_acks(std::mem::take(&mut w.acks)).await,
-            WriteAck::Primary if w.acks.is_empty() => Outcome::Done,
-            WriteAck::Primary => router.wait_ack(w.acks.remove(0)).await,
-        };
-        match outcome {
-            Outcome::Done if w.acks.is_empty() => self.stored(w),
-            Outcome::Done => {
-                self.lagging.push_back(w);
-                while self.lagging.len() > self.client.opts.mirror_lag {
-                    self.complete_lagging().await;
-                }
-            }
-            // The space may be on its way back: `Router::write`, used by the re-send, waits
-            // for it a moment.
-            Outcome::Failed(e) if !e.is(&ErrorCode::NoSpace) => {
-                self.lose([w.range(self.stripe)], e);
-            }
-            Outcome::Failed(_) | Outcome::Retry(_) => {
-                self.inflight.push_front(w);
-                self.redo().await;
-            }
-        }
-    }
-
-    /// Waits for the mirrors of the oldest write the primary acknowledged.
-    async fn complete_lagging(&mut self) {
-        let Some(mut w) = self.lagging.pop_front() else {
-            return;
-        };
-        let router = &self.client.router;
-        match router.wait_acks(std::mem::take(&mut w.acks)).await {
-            Outcome::Done => self.stored(w),
-            Outcome::Failed(e) if !e.is(&ErrorCode::NoSpace) => {
-                self.lose([w.range(self.stripe)], e);
-            }
-            Outcome::Failed(_) | Outcome::Retry(_) => {
-                self.lagging.push_front(w);
-                self.redo().await;
-            }
-        }
-    }
-
-    /// A write must be re-sent: re-sends every write not yet acknowledged by all its replicas,
-    /// oldest first (the one that failed is the oldest of its queue, and lagging writes are
-    /// older than those in flight), so the last write to each byte is still applied last on
-    /// every replica. Each goes to the replicas of the current table, waiting out a failover
-    /// (and, refused for want of room, a moment for room). The first that fails for good
-    /// stops the re-sends: it and those after it count as lost.
-    async fn redo(&mut self) {
-        let mut redo: Vec<Inflight> = self.lagging.drain(..).collect();
-        redo.extend(self.inflight.drain(..));
-        // Let the first attempts settle, so none lands after its own re-send.
-        futures::future::join_all(
-            redo.iter_mut()
-                .map(|w| self.client.router.wait_acks(std::mem::take(&mut w.acks))),
-        )
-        .await;
-        let client = self.client.clone();
-        let mut redo = redo.into_iter();
-        while let Some(w) = redo.next() {
-            let op = Op::WriteStripe {
-                file: self.ino,
-                stripe: w.stripe,
-                offset: w.offset,
-            };
-            let key = Key::Stripe(self.ino, w.stripe);
-            if let Err(e) = client.router.write(key, &op, &w.data).await {
-                let ss = self.stripe;
-                self.lose(std::iter::once(w).chain(redo).map(|w| w.range(ss)), e);
-                return;
-            }
-            self.stored(w);
-        }
-    }
-
-    /// Sends buffered writes and waits until every write of this handle is stored on every
-    /// replica.
-    async fn drain(&mut self) -> Result<()> {
-        let sent = self.send_pending().await;
-        while !self.inflight.is_empty() {
-            self.complete_oldest().await;
-        }
-        while !self.lagging.is_empty() {
-            self.complete_lagging().await;
-        }
-        sent?;
-        self.unreported()
     }
 
     /// Stores everything written so far and publishes the size and modification time, so a
@@ -451,6 +217,13 @@ impl File {
     /// goes out once the bytes under it are stored, so it leaves out a write that failed; but
     /// see `flush_beside`.
     pub async fn flush(&mut self) -> Result<()> {
+        let begun = self.begin();
+        let out = self.flush_untraced().await;
+        self.end(begun, TraceOp::Flush, (0, 0), &out);
+        out
+    }
+
+    async fn flush_untraced(&mut self) -> Result<()> {
         if self.closed {
             return Err(Error::BadHandle("anything: it is closed"));
         }
@@ -503,6 +276,7 @@ impl File {
         };
         let (published, stored) = match on_lane {
             Some(sent) => {
+                self.asked += data.len() as u64;
                 let published = self.publish().await;
                 let stored = router.finish_lane_write(sent, key, &op, &data).await;
                 if stored.is_ok() {
@@ -642,6 +416,13 @@ impl File {
 
     /// Cuts or extends the file to `size`.
     pub async fn set_len(&mut self, size: u64) -> Result<()> {
+        let begun = self.begin();
+        let out = self.set_len_untraced(size).await;
+        self.end(begun, TraceOp::Truncate, (size, 0), &out);
+        out
+    }
+
+    async fn set_len_untraced(&mut self, size: u64) -> Result<()> {
         self.check(true)?;
         self.drain().await?;
         self.drop_read_ahead();
@@ -669,9 +450,16 @@ impl File {
 
     /// Fresh attributes from the cluster, with this handle's unpublished size.
     pub async fn metadata(&self) -> Result<Inode> {
-        let mut inode = self.client.getattr(self.ino).await?;
-        inode.size = inode.size.max(self.reach().unwrap_or(0));
-        Ok(inode)
+        let begun = self.begin();
+        let out = match self.client.getattr(self.ino).await {
+            Ok(mut inode) => {
+                inode.size = inode.size.max(self.reach().unwrap_or(0));
+                Ok(inode)
+            }
+            Err(e) => Err(e),
+        };
+        self.end(begun, TraceOp::Getattr, (0, 0), &out);
+        out
     }
 
     /// Flushes and releases the handle; the data of an unlinked file is deleted at its last close.
@@ -684,7 +472,14 @@ impl File {
         if self.closed {
             return Ok(());
         }
-        let flushed = self.flush().await;
+        let begun = self.begin();
+        let out = self.release().await;
+        self.end(begun, TraceOp::Release, (0, 0), &out);
+        out
+    }
+
+    async fn release(&mut self) -> Result<()> {
+        let flushed = self.flush_untraced().await;
         self.closed = true;
         let released = match self
             .client
@@ -736,6 +531,8 @@ impl Drop for File {
             pos: 0,
             closed: false,
             detached: true,
+            asked: self.asked,
+            trace: self.trace.take(),
         };
         self.closed = true;
         rt.spawn(async move {

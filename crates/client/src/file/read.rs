@@ -9,6 +9,7 @@ use bytes::{Bytes, BytesMut};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tessera_placement::{segments, Segment};
+use tessera_trace::Op;
 
 #[derive(Default)]
 pub(super) struct ReadAhead {
@@ -58,6 +59,13 @@ impl File {
 
     /// Reads up to `len` bytes at `offset`; shorter only at the end of the file.
     pub async fn read_at(&mut self, offset: u64, len: usize) -> Result<Bytes> {
+        let begun = self.begin();
+        let out = self.read_at_untraced(offset, len).await;
+        self.end(begun, Op::Read, (offset, len as u64), &out);
+        out
+    }
+
+    async fn read_at_untraced(&mut self, offset: u64, len: usize) -> Result<Bytes> {
         self.check(false)?;
         self.drain().await?;
         if offset >= self.size || len == 0 {
@@ -131,7 +139,8 @@ impl File {
     }
 
     /// Sends the read of bytes `offset..offset + len` of a stripe (in one or two parts).
-    async fn fetch(&self, stripe: u64, offset: u32, len: u32) -> Result<Vec<Fetched>> {
+    async fn fetch(&mut self, stripe: u64, offset: u32, len: u32) -> Result<Vec<Fetched>> {
+        self.asked += u64::from(len);
         let parts = self
             .client
             .router
@@ -145,7 +154,7 @@ impl File {
 
     /// The only piece a read needs: on the lane of the client it was opened through, if it
     /// has one and the caller supplies no memory (`Router::read_on_lane`), else as `fetch`.
-    async fn fetch_alone(&self, seg: &Segment) -> Result<Vec<Fetched>> {
+    async fn fetch_alone(&mut self, seg: &Segment) -> Result<Vec<Fetched>> {
         let on_lane = match (&self.sinks, &self.client.lane) {
             (None, Some(lane)) => {
                 let router = &self.client.router;
@@ -156,11 +165,14 @@ impl File {
             _ => None,
         };
         match on_lane {
-            Some(data) => Ok(vec![Fetched::Done {
-                offset: seg.offset,
-                len: seg.len,
-                data: data?,
-            }]),
+            Some(data) => {
+                self.asked += u64::from(seg.len);
+                Ok(vec![Fetched::Done {
+                    offset: seg.offset,
+                    len: seg.len,
+                    data: data?,
+                }])
+            }
             None => self.fetch(seg.stripe, seg.offset, seg.len).await,
         }
     }
