@@ -10,7 +10,9 @@ trace start/stop`), in the order off-on, then on-off, then off-on...:
 - creates (open O_CREAT + close) of N files and stats of them, through M2.
 
 Prints per workload the median with tracing off and on, on / off, the nanoseconds an operation
-gained, the trace bytes per record, and a JSON object (also written to OUT if set).
+gained, the CPU time the mount processes spent per operation (all their threads, the trace
+writer's included: on a shared machine a steadier measure of what tracing costs than the rate),
+the trace bytes per record, and a JSON object (also written to OUT if set).
 Usage: python3 scripts/bench_trace.py TESSERA_BIN [ROUNDS] [SIZE_MIB] [FILES]
 """
 
@@ -52,19 +54,47 @@ def ops_per_s(side: dict[str, Any]) -> tuple[float, int]:
     return float(side["iops"]), int(side["total_ios"])
 
 
-def metadata(d: Path, files: int) -> tuple[float, float]:
-    """Creates then stats `files` files in `d`; (creates/s, stats/s). Removes them after."""
-    d.mkdir()
+def creates(d: Path, files: int) -> tuple[float, int]:
+    """Creates `files` empty files in `d` (open O_CREAT, close); (creates/s, creates)."""
     t = time.perf_counter()
     for i in range(files):
         os.close(os.open(d / f"f{i}", os.O_CREAT | os.O_WRONLY, 0o644))
-    creates = files / (time.perf_counter() - t)
+    return files / (time.perf_counter() - t), files
+
+
+def stats(d: Path, files: int) -> tuple[float, int]:
+    """Stats the files `creates` made; (stats/s, stats)."""
     t = time.perf_counter()
     for i in range(files):
         os.stat(d / f"f{i}")
-    stats = files / (time.perf_counter() - t)
-    shutil.rmtree(d)
-    return creates, stats
+    return files / (time.perf_counter() - t), files
+
+
+def cpu_ns(pids: list[int]) -> int:
+    """Nanoseconds on a CPU of every thread of these processes so far."""
+    total = 0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    return total
+
+
+def child(parent: int, role: str) -> int:
+    """The child process of `parent` running `tessera ROLE`."""
+    for e in Path("/proc").iterdir():
+        if not e.name.isdigit():
+            continue
+        try:
+            stat = (e / "stat").read_text()
+            cmd = (e / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and role.encode() in cmd[1:4]:
+            return int(e.name)
+    raise SystemExit(f"no {role} process under {parent}")
 
 
 def wait_for(what: str, within: float, cond: Callable[[], bool]) -> None:
@@ -104,6 +134,8 @@ def main() -> None:
     )
     second: subprocess.Popen[bytes] | None = None
     results: dict[str, dict[str, list[float]]] = {w: {"off": [], "on": []} for w in WORKLOADS}
+    # Mount CPU nanoseconds per operation, per workload and mode.
+    cpu: dict[str, dict[str, list[float]]] = {w: {"off": [], "on": []} for w in WORKLOADS}
     traced_ops = 0
     traced_records = 0
     traced_bytes = 0
@@ -115,7 +147,16 @@ def main() -> None:
             env=env, stdout=log, stderr=log,
         )
         wait_for("the second mount", 60, lambda: os.path.ismount(mnt2))
+        mounts = [child(up.pid, "mount"), second.pid]
         seq = mnt / "seq"
+
+        def timed(w: str, mode: str, run: Callable[[], tuple[float, int]]) -> int:
+            before = cpu_ns(mounts)
+            rate, n = run()
+            results[w][mode].append(rate)
+            cpu[w][mode].append((cpu_ns(mounts) - before) / max(1, n))
+            return n
+
         for r in range(rounds):
             for mode in (["off", "on"] if r % 2 == 0 else ["on", "off"]):
                 tdir = traces / f"{r}-{mode}"
@@ -123,25 +164,19 @@ def main() -> None:
                     for m in (mnt, mnt2):
                         subprocess.run([bin_, "trace", "start", str(m), "--dir", str(tdir)],
                                        check=True)
-                ops = 0
-                wr = fio(seq, "--rw=write", "--bs=1M", f"--size={size_mib}M", "--end_fsync=1")
-                rate, n = ops_per_s(wr["write"])
-                results["write_1m"][mode].append(rate)
-                ops += n
+                ops = timed("write_1m", mode, lambda: ops_per_s(fio(
+                    seq, "--rw=write", "--bs=1M", f"--size={size_mib}M", "--end_fsync=1")["write"]))
                 drop_caches()
-                rd = fio(seq, "--rw=read", "--bs=1M", f"--size={size_mib}M")
-                rate, n = ops_per_s(rd["read"])
-                results["read_1m"][mode].append(rate)
-                ops += n
-                rr = fio(seq, "--rw=randread", "--bs=4k", "--direct=1", f"--size={size_mib}M",
-                         "--runtime=5", "--time_based")
-                rate, n = ops_per_s(rr["read"])
-                results["randread_4k"][mode].append(rate)
-                ops += n
-                creates, stats = metadata(mnt2 / f"meta-{r}-{mode}", files)
-                results["create"][mode].append(creates)
-                results["stat"][mode].append(stats)
-                ops += 2 * files
+                ops += timed("read_1m", mode, lambda: ops_per_s(fio(
+                    seq, "--rw=read", "--bs=1M", f"--size={size_mib}M")["read"]))
+                ops += timed("randread_4k", mode, lambda: ops_per_s(fio(
+                    seq, "--rw=randread", "--bs=4k", "--direct=1", f"--size={size_mib}M",
+                    "--runtime=5", "--time_based")["read"]))
+                meta = mnt2 / f"meta-{r}-{mode}"
+                meta.mkdir()
+                ops += timed("create", mode, lambda: creates(meta, files))
+                ops += timed("stat", mode, lambda: stats(meta, files))
+                shutil.rmtree(meta)
                 seq.unlink()
                 if mode == "on":
                     for m in (mnt, mnt2):
@@ -160,16 +195,24 @@ def main() -> None:
         up.wait(timeout=60)
         log.close()
     summary: dict[str, Any] = {"rounds": rounds, "size_mib": size_mib, "files": files}
-    print(f"\n{'workload':<12} {'off ops/s':>11} {'on ops/s':>11} {'on/off':>7} "
-          f"{'ns/op':>7} (medians; off range, on range)")
+    print(f"\n{'workload':<12} {'off ops/s':>10} {'on ops/s':>10} {'on/off':>7} {'ns/op':>8}"
+          f" {'cpu off':>8} {'cpu on':>8} {'+cpu':>7} {'+cpu %':>7}  (medians; ns; ranges)")
     for w in WORKLOADS:
         off, on = statistics.median(results[w]["off"]), statistics.median(results[w]["on"])
         added = (1 / on - 1 / off) * 1e9
+        c_off, c_on = statistics.median(cpu[w]["off"]), statistics.median(cpu[w]["on"])
+        # What the extra CPU is of an operation's time, with tracing off.
+        share = (c_on - c_off) / (1e9 / off) * 100
         summary[w] = {"off": off, "on": on, "ratio": on / off, "ns_per_op": added,
-                      "off_all": results[w]["off"], "on_all": results[w]["on"]}
-        print(f"{w:<12} {off:>11.0f} {on:>11.0f} {on / off:>7.3f} {added:>7.0f} "
-              f"({min(results[w]['off']):.0f}-{max(results[w]['off']):.0f}, "
-              f"{min(results[w]['on']):.0f}-{max(results[w]['on']):.0f})")
+                      "cpu_ns_off": c_off, "cpu_ns_on": c_on, "cpu_added_pct": share,
+                      "off_all": results[w]["off"], "on_all": results[w]["on"],
+                      "cpu_off_all": cpu[w]["off"], "cpu_on_all": cpu[w]["on"]}
+        print(f"{w:<12} {off:>10.0f} {on:>10.0f} {on / off:>7.3f} {added:>8.0f} "
+              f"{c_off:>8.0f} {c_on:>8.0f} {c_on - c_off:>7.0f} {share:>6.2f}%  "
+              f"({min(results[w]['off']):.0f}-{max(results[w]['off']):.0f}/s, "
+              f"{min(results[w]['on']):.0f}-{max(results[w]['on']):.0f}/s; cpu "
+              f"{min(cpu[w]['off']):.0f}-{max(cpu[w]['off']):.0f}, "
+              f"{min(cpu[w]['on']):.0f}-{max(cpu[w]['on']):.0f})")
     summary["trace_records"] = traced_records
     summary["trace_bytes_per_record"] = traced_bytes / max(1, traced_records)
     summary["records_per_program_op"] = traced_records / max(1, traced_ops)

@@ -172,14 +172,18 @@ fn dd_is_traced_record_by_record_and_exported() {
         assert_eq!(w.mode, Mode::DirectIo);
         assert!(!w.via_handle && w.start_ns <= w.end_ns);
     }
-    // Each byte went to the servers once: a stripe when it filled, the rest at the close.
+    // Every byte went to the servers: a stripe when it filled, the rest at the close (some
+    // again if a new table made a write go again: a young cluster's table still changes).
     let sent: u64 = t
         .records
         .iter()
         .filter(|r| r.path.as_deref() == Some("/dd.out"))
         .filter_map(|r| r.server_size)
         .sum();
-    assert_eq!(sent, N * 65536, "bytes the servers were asked to store");
+    assert!(
+        sent >= N * 65536,
+        "the servers were asked to store {sent} bytes"
+    );
     assert!(writes.iter().all(|w| w.server_size.is_some()));
     let create = of(&t, pid, Op::Create);
     assert_eq!(create.len(), 1, "dd created its output");

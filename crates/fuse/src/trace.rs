@@ -28,6 +28,9 @@ use tessera_trace::{Event, Mode, Op, Writer};
 
 /// The extended attribute of the mount's root that starts and stops tracing.
 pub const CONTROL_XATTR: &str = "user.tessera.trace";
+/// How long a thread's process (not its name) is taken as known: a thread id is reused only
+/// once its thread is gone, and the pids wrap slowly.
+const PROC_KNOWN_NS: u64 = 10_000_000_000;
 /// Threads whose process is remembered; past it the table starts over.
 const PROCS_MAX: usize = 4096;
 /// How long a thread's process name is taken as known: a process that execs keeps its pid
@@ -332,12 +335,17 @@ impl Tracing {
 impl Active {
     /// The process of thread `tid` at `now`; `cached`: as read within `PROC_FRESH_NS`.
     fn process(&self, tid: u32, now: u64, cached: bool) -> Proc {
-        if let Some(p) = self.procs().get(&tid) {
-            if cached && now.saturating_sub(p.read_ns) < PROC_FRESH_NS {
-                return p.clone();
-            }
-        }
-        let p = read_proc(tid, now);
+        let known = self.procs().get(&tid).cloned();
+        let p = match known {
+            Some(p) if cached && now.saturating_sub(p.read_ns) < PROC_FRESH_NS => return p,
+            // A thread's process and kind stay; only its name changes (an exec).
+            Some(p) if !p.kernel && now.saturating_sub(p.read_ns) < PROC_KNOWN_NS => Proc {
+                read_ns: now,
+                exe: comm(p.pid),
+                ..p
+            },
+            _ => read_proc(tid, now),
+        };
         let mut procs = self.procs();
         if procs.len() >= PROCS_MAX {
             procs.clear();
@@ -409,20 +417,24 @@ fn read_proc(tid: u32, now: u64) -> Proc {
         .find_map(|l| l.strip_prefix("Tgid:"))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(tid);
-    let exe = std::fs::read(format!("/proc/{tgid}/comm"))
+    Proc {
+        read_ns: now,
+        pid: tgid,
+        exe: comm(tgid),
+        kernel: flags & PF_KTHREAD != 0,
+    }
+}
+
+/// The name of process `pid`.
+fn comm(pid: u32) -> Option<Arc<[u8]>> {
+    std::fs::read(format!("/proc/{pid}/comm"))
         .ok()
         .map(|mut c| {
             if c.last() == Some(&b'\n') {
                 c.pop();
             }
             Arc::from(c)
-        });
-    Proc {
-        read_ns: now,
-        pid: tgid,
-        exe,
-        kernel: flags & PF_KTHREAD != 0,
-    }
+        })
 }
 
 /// A record begun: finished by the answer.
