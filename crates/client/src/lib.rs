@@ -20,6 +20,7 @@ pub mod config;
 mod error;
 mod file;
 mod lane;
+mod lease;
 mod namespace;
 mod options;
 mod path;
@@ -28,7 +29,7 @@ mod route;
 pub use error::{Error, Result};
 pub use file::File;
 pub use lane::Lane;
-pub use namespace::{Moved, Unlinked, Usage};
+pub use namespace::{Fsck, Moved, Orphan, Unlinked, Usage};
 pub use options::{ClientOptions, OpenOptions, WriteAck};
 pub use route::ReadSinks;
 pub use tessera_proto::{
@@ -48,6 +49,8 @@ pub struct Client {
     opts: Arc<ClientOptions>,
     /// Where this handle's requests may go out instead of the shared connections.
     lane: Option<Lane>,
+    /// The lease the handles this client opens are held under.
+    lease: Arc<lease::Lease>,
 }
 
 impl Client {
@@ -60,7 +63,12 @@ impl Client {
             dirs: Arc::new(path::DirCache::new(opts.dir_cache_ttl)),
             opts: Arc::new(opts),
             lane: None,
+            lease: Arc::new(lease::Lease::new()),
         };
+        tokio::spawn(lease::renew(
+            Arc::downgrade(&client.router),
+            client.lease.clone(),
+        ));
         // The manager creates the root right after the table; a new cluster may not have it yet.
         loop {
             match client.getattr(tessera_placement::ROOT_INO).await {

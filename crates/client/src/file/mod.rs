@@ -142,11 +142,14 @@ pub struct File {
     /// Finishing a dropped handle in the background: if that task is dropped in turn (the
     /// runtime is shutting down), it must not hand itself on again, without end.
     detached: bool,
+    /// The client lease the handle was opened under ([`crate::lease`]).
+    holder: u64,
 }
 
 impl File {
-    pub(crate) fn new(client: Client, inode: Inode, opts: &OpenOptions) -> Self {
+    pub(crate) fn new(client: Client, inode: Inode, opts: &OpenOptions, holder: u64) -> Self {
         let ack = opts.write_ack.unwrap_or(client.opts.write_ack);
+        client.lease.opened(inode.ino);
         Self {
             stripe: u64::from(client.stripe_size()),
             client,
@@ -171,6 +174,7 @@ impl File {
             pos: 0,
             closed: false,
             detached: false,
+            holder,
         }
     }
 
@@ -209,7 +213,17 @@ impl File {
         if !write && !self.readable {
             return Err(Error::BadHandle("reading"));
         }
+        self.leased()?;
         self.unreported()
+    }
+
+    /// The servers may have let this handle go (its file deleted since, if unlinked).
+    fn leased(&self) -> Result<()> {
+        if self.client.lease.covers(self.holder) {
+            Ok(())
+        } else {
+            Err(ErrorCode::LeaseExpired.into())
+        }
     }
 
     /// A failure not yet reported to the caller.
@@ -684,13 +698,15 @@ impl File {
         if self.closed {
             return Ok(());
         }
-        let flushed = self.flush().await;
+        // What an expired handle holds back is dropped: its file may be gone.
+        let flushed = match self.leased() {
+            Ok(()) => self.flush().await,
+            Err(e) => Err(e),
+        };
         self.closed = true;
-        let released = match self
-            .client
-            .meta(self.ino, Op::InodeClose { ino: self.ino })
-            .await
-        {
+        self.client.lease.closed(self.ino);
+        let (ino, holder) = (self.ino, self.holder);
+        let released = match self.client.meta(ino, Op::InodeClose { ino, holder }).await {
             Ok(Response::Links { .. }) => Ok(()),
             Ok(other) => Err(unexpected(&other)),
             Err(e) => Err(e),
@@ -736,6 +752,7 @@ impl Drop for File {
             pos: 0,
             closed: false,
             detached: true,
+            holder: self.holder,
         };
         self.closed = true;
         rt.spawn(async move {
