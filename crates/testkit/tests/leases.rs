@@ -100,6 +100,7 @@ fn a_client_stopped_past_its_lease_finds_its_handles_closed() -> Result<()> {
         held.call(&read).is_ok_and(|v| v["errno"] == EIO)
     })
     .context("a handle of an expired lease still reads")?;
+    held.fails(&json!({"cmd": "fsync", "handle": h2}), EIO)?;
     held.fails(&json!({"cmd": "close", "handle": h}), EIO)?;
     held.fails(&json!({"cmd": "close", "handle": h2}), EIO)?;
     // New opens carry a new lease and work.

@@ -468,6 +468,8 @@ impl File {
         if self.closed {
             return Err(Error::BadHandle("anything: it is closed"));
         }
+        // What an expired handle holds back is dropped: its file may be gone.
+        self.leased()?;
         if let Some(done) = self.flush_beside().await {
             return done;
         }
@@ -698,11 +700,7 @@ impl File {
         if self.closed {
             return Ok(());
         }
-        // What an expired handle holds back is dropped: its file may be gone.
-        let flushed = match self.leased() {
-            Ok(()) => self.flush().await,
-            Err(e) => Err(e),
-        };
+        let flushed = self.flush().await;
         self.closed = true;
         self.client.lease.closed(self.ino);
         let (ino, holder) = (self.ino, self.holder);
