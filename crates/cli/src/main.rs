@@ -4,6 +4,7 @@ mod bench;
 mod config;
 mod copy;
 mod files;
+mod fsck;
 mod latency;
 mod mount;
 mod report;
@@ -98,6 +99,9 @@ enum Cmd {
     Mkdir(files::MkdirArgs),
     /// Print files to standard output.
     Cat(files::CatArgs),
+    /// Find inodes no name reaches (left by clients that died mid-operation) and, with
+    /// --repair, reclaim them.
+    Fsck(fsck::FsckArgs),
     /// Measure throughput and metadata rates through the client library.
     Bench(bench::BenchArgs),
     /// Plot memory allocated and used over time (HTML with an SVG chart, or --json).
@@ -151,6 +155,11 @@ pub struct ClusterArgs {
     /// (e.g. 2s, 500ms; default 2s). Servers heartbeat every 500 ms.
     #[arg(long, value_parser = parse_duration)]
     dead_after: Option<Duration>,
+    /// How long the open files of a client that stopped renewing its lease (it died or was cut
+    /// off) stay open (e.g. 30s, at least 300ms; default 30s): then they are closed for it,
+    /// and deleted if they were unlinked. Clients renew every third of it.
+    #[arg(long, value_parser = parse_duration)]
+    open_lease: Option<Duration>,
 }
 
 /// The elastic policy, shared by `manager` and `up`.
@@ -260,14 +269,18 @@ impl ClusterArgs {
             .unwrap_or_else(|| "1MiB".into());
         let stripe_size = tessera_placement::validate_stripe_size(config::size(&stripe)?)
             .map_err(anyhow::Error::msg)?;
-        Ok(ClusterConfig {
-            partitions: self
-                .partitions
+        let mut config = ClusterConfig::new(
+            self.partitions
                 .or(cfg.cluster.partitions)
                 .unwrap_or(tessera_placement::DEFAULT_PARTITIONS),
             stripe_size,
-            replication: self.replication.or(cfg.cluster.replication).unwrap_or(1),
-        })
+            self.replication.or(cfg.cluster.replication).unwrap_or(1),
+        );
+        if let Some(lease) = self.open_lease {
+            config.open_lease_ms = u32::try_from(lease.as_millis()).unwrap_or(u32::MAX);
+        }
+        config.validate().map_err(anyhow::Error::msg)?;
+        Ok(config)
     }
 }
 
@@ -472,6 +485,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Rm(a) => files::rm(&client(&cli, &cfg).await?, a).await,
         Cmd::Mkdir(a) => files::mkdir(&client(&cli, &cfg).await?, a).await,
         Cmd::Cat(a) => files::cat(&client(&cli, &cfg).await?, a).await,
+        Cmd::Fsck(a) => fsck::run(&client(&cli, &cfg).await?, a).await,
         Cmd::Bench(a) => bench::run(client(&cli, &cfg).await?, a.clone()).await,
         Cmd::Report(a) => report::run(cli.secret.as_deref(), &cfg, a).await,
         Cmd::Trace(a) => trace::run(a),

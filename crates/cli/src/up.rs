@@ -282,6 +282,7 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
     margs.extend(["--partitions".into(), shape.partitions.to_string()]);
     margs.extend(["--stripe-size".into(), shape.stripe_size.to_string()]);
     margs.extend(["--replication".into(), shape.replication.to_string()]);
+    margs.extend(["--open-lease".into(), format!("{}ms", shape.open_lease_ms)]);
     if let Some(d) = args.shape.dead_after {
         margs.extend(["--dead-after".into(), format!("{}ms", d.as_millis())]);
     }

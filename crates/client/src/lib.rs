@@ -20,6 +20,7 @@ pub mod config;
 mod error;
 mod file;
 mod lane;
+mod lease;
 mod namespace;
 mod options;
 mod path;
@@ -29,7 +30,7 @@ mod trace;
 pub use error::{Error, Result};
 pub use file::File;
 pub use lane::Lane;
-pub use namespace::{Moved, Unlinked, Usage};
+pub use namespace::{Fsck, Moved, Orphan, Unlinked, Usage};
 pub use options::{ClientOptions, OpenOptions, WriteAck};
 pub use route::ReadSinks;
 pub use tessera_proto::{
@@ -52,6 +53,8 @@ pub struct Client {
     lane: Option<Lane>,
     /// The trace its calls by path are recorded in (`ClientOptions::trace`).
     trace: Option<Arc<trace::Tracer>>,
+    /// The lease the handles this client opens are held under.
+    lease: Arc<lease::Lease>,
 }
 
 impl Client {
@@ -69,7 +72,12 @@ impl Client {
             opts: Arc::new(opts),
             lane: None,
             trace,
+            lease: Arc::new(lease::Lease::new()),
         };
+        tokio::spawn(lease::renew(
+            Arc::downgrade(&client.router),
+            client.lease.clone(),
+        ));
         // The manager creates the root right after the table; a new cluster may not have it yet.
         loop {
             match client.getattr(tessera_placement::ROOT_INO).await {

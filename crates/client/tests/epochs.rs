@@ -7,11 +7,7 @@ use tessera_proto::ClusterConfig;
 mod support;
 
 const SECRET: &str = "epochs";
-const CONFIG: ClusterConfig = ClusterConfig {
-    partitions: 64,
-    stripe_size: 1 << 20,
-    replication: 1,
-};
+const CONFIG: ClusterConfig = ClusterConfig::new(64, 1 << 20, 1);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_follows_a_new_epoch_without_errors() {

@@ -9,11 +9,7 @@ use tessera_proto::ClusterConfig;
 mod support;
 
 const SECRET: &str = "lanes";
-const CONFIG: ClusterConfig = ClusterConfig {
-    partitions: 16,
-    stripe_size: 1 << 20,
-    replication: 1,
-};
+const CONFIG: ClusterConfig = ClusterConfig::new(16, 1 << 20, 1);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_handle_on_the_lane_uses_it_and_only_in_block_on() {

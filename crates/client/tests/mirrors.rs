@@ -20,11 +20,7 @@ const SECRET: &str = "mirrors";
 const MIB: usize = 1 << 20;
 
 fn config(replication: u8) -> ClusterConfig {
-    ClusterConfig {
-        partitions: 64,
-        stripe_size: MIB as u32,
-        replication,
-    }
+    ClusterConfig::new(64, MIB as u32, replication)
 }
 
 /// A TCP proxy in front of a server; `cut` closes its connections and stops listening, so the

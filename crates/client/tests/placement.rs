@@ -8,11 +8,7 @@ use tessera_proto::ClusterConfig;
 mod support;
 
 const SECRET: &str = "placement";
-const CONFIG: ClusterConfig = ClusterConfig {
-    partitions: 64,
-    stripe_size: 1 << 20,
-    replication: 1,
-};
+const CONFIG: ClusterConfig = ClusterConfig::new(64, 1 << 20, 1);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_live_with_their_names_and_survive_renames_and_links() {

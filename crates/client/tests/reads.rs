@@ -10,11 +10,7 @@ mod support;
 
 const SECRET: &str = "reads";
 const STRIPE: u64 = 1 << 20;
-const CONFIG: ClusterConfig = ClusterConfig {
-    partitions: 32,
-    stripe_size: STRIPE as u32,
-    replication: 1,
-};
+const CONFIG: ClusterConfig = ClusterConfig::new(32, STRIPE as u32, 1);
 
 /// Stripe reads the servers answered so far.
 async fn stripe_reads(servers: &[tessera_server::RunningServer]) -> u64 {

@@ -415,11 +415,7 @@ mod tests {
             secret: Secret::new("s3cret"),
             http_token: "s3cret".into(),
             expect_servers: 1,
-            config: ClusterConfig {
-                partitions: 8,
-                stripe_size: 1 << 20,
-                replication: 1,
-            },
+            config: ClusterConfig::new(8, 1 << 20, 1),
             heartbeat_timeout: Duration::from_secs(5),
             root_mode: 0o755,
             provision: None,

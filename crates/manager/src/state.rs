@@ -753,11 +753,7 @@ mod tests {
         cfg_r(1)
     }
     fn cfg_r(replication: u8) -> ClusterConfig {
-        ClusterConfig {
-            partitions: 64,
-            stripe_size: 1 << 20,
-            replication,
-        }
+        ClusterConfig::new(64, 1 << 20, replication)
     }
     fn addr(i: u8) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, i], 7000))

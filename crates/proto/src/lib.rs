@@ -45,7 +45,9 @@ pub use rpc::{
 /// deleted files' stripes dropped by servers, `DropFiles`; 9: completeness recalled before
 /// another's change, `Relinquish`; 10: only directories have hashed numbers, only files and
 /// the like placed ones, and servers refuse requests that would break the namespace; 11:
-/// `InodeRetract`, `DropFiles` without sizes, `RenameLock`).
-pub const PROTOCOL_VERSION: u16 = 12;
+/// `InodeRetract`, `DropFiles` without sizes, `RenameLock`; 13: opens held under client
+/// leases, their holders in `SyncItem::Inode` and `DirCreate`, `LeaseRenew`, `InodeRevoke`,
+/// `InodeScan`, `InodeReclaim`, `ClusterConfig::open_lease_ms`).
+pub const PROTOCOL_VERSION: u16 = 13;
 /// First bytes of every connection.
 pub const MAGIC: [u8; 4] = *b"TSRA";

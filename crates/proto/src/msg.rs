@@ -18,6 +18,11 @@ pub const SYMLINK_MAX: usize = 4096;
 pub const RECALL_PATIENCE: Duration = Duration::from_secs(2);
 /// How long [`Op::RenameLock`] stays with a holder that does not give it back (it died).
 pub const RENAME_LEASE: Duration = Duration::from_secs(10);
+/// How long a client's open handles outlive its last lease renewal ([`Op::LeaseRenew`]) unless
+/// the cluster is created with another (`ClusterConfig::open_lease_ms`).
+pub const OPEN_LEASE: Duration = Duration::from_secs(30);
+/// Largest number of inodes a server returns for one [`Op::InodeScan`].
+pub const SCAN_PAGE_MAX: u32 = 1024;
 /// Largest number of entries a server returns for one [`Op::DirList`].
 pub const DIR_PAGE_MAX: u32 = 1024;
 /// Inodes carried in one page of a listing, at most this many bytes of them (symlink targets
@@ -116,6 +121,10 @@ pub struct Inode {
     pub target: Vec<u8>,
     /// Open handles across all clients: an unlinked file keeps its data until this is zero.
     pub open_count: u32,
+    /// Who holds them, by client lease ([`Op::LeaseRenew`]): kept by the servers (a copy of a
+    /// partition carries it beside the inode, [`SyncItem::Inode`]), never sent to clients.
+    #[serde(skip)]
+    pub opens: Opens,
     /// Raised by one with every change of the inode but opens and closes (as NFSv4's change
     /// attribute): a mount keeps the pages it cached of a file whose counter is where its own
     /// last change left it.
@@ -150,8 +159,83 @@ impl Inode {
             parent: if kind == FileKind::Dir { parent } else { 0 },
             target,
             open_count: 0,
+            opens: Opens::default(),
             change: 0,
         }
+    }
+
+    /// The inode as `DirCreate` makes it: the creator's handle, if it opened it (`open_count`
+    /// 1), held under lease `holder`.
+    #[must_use]
+    pub fn created_by(mut self, holder: u64) -> Self {
+        self.opens = Opens::default();
+        if self.open_count > 0 {
+            self.opens.open(holder);
+        }
+        self.open_count = self.opens.total();
+        self
+    }
+
+    /// One more handle of `holder`.
+    pub fn open_by(&mut self, holder: u64) {
+        self.opens.open(holder);
+        self.open_count = self.opens.total();
+    }
+
+    /// Releases one handle of `holder` ([`Opens::close`]), or with `all` every one of them.
+    pub fn close_by(&mut self, holder: u64, all: bool) {
+        if all {
+            self.opens.revoke(holder);
+        } else {
+            self.opens.close(holder);
+        }
+        self.open_count = self.opens.total();
+    }
+}
+
+/// Open handles on an inode, counted per holder: the lease number of the client that opened
+/// them ([`Op::LeaseRenew`]), so that a client that stops renewing loses exactly its own.
+/// Changed through [`Inode::open_by`] and [`Inode::close_by`], which keep `open_count`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Opens(Vec<(u64, u32)>);
+
+impl Opens {
+    /// Handles of every holder.
+    #[must_use]
+    pub fn total(&self) -> u32 {
+        self.0.iter().fold(0, |n, &(_, c)| n.saturating_add(c))
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Holders with at least one handle, and how many each.
+    pub fn holders(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.0.iter().copied()
+    }
+
+    fn open(&mut self, holder: u64) {
+        match self.0.iter_mut().find(|(h, _)| *h == holder) {
+            Some((_, c)) => *c = c.saturating_add(1),
+            None => self.0.push((holder, 1)),
+        }
+    }
+
+    /// Releases one handle of `holder`; a holder with none (its lease ran out) changes nothing.
+    fn close(&mut self, holder: u64) {
+        if let Some(at) = self.0.iter().position(|(h, _)| *h == holder) {
+            self.0[at].1 -= 1;
+            if self.0[at].1 == 0 {
+                self.0.swap_remove(at);
+            }
+        }
+    }
+
+    /// Drops every handle of `holder`.
+    fn revoke(&mut self, holder: u64) {
+        self.0.retain(|(h, _)| *h != holder);
     }
 }
 
@@ -222,10 +306,38 @@ pub enum Op {
         delta: i32,
         ctime: Timespec,
     },
-    /// Count an open handle and return the inode (close-to-open: attributes fetched at open).
-    InodeOpen { ino: Ino },
-    /// Release an open handle; may delete an unlinked inode (as `InodeLink`). Reply: `Links`.
-    InodeClose { ino: Ino },
+    /// Count an open handle of lease `holder` and return the inode (close-to-open: attributes
+    /// fetched at open). Renews the holder's lease at the servers that apply it. Reply: `Inode`.
+    InodeOpen { ino: Ino, holder: u64 },
+    /// Release an open handle of `holder` (none if its lease ran out: nothing changes); may
+    /// delete an unlinked inode (as `InodeLink`). Reply: `Links`.
+    InodeClose { ino: Ino, holder: u64 },
+    /// From the primary of the inode's partition, whose lease of `holder` ran out: drop every
+    /// open handle `holder` has on `ino` (which may delete it, as `InodeClose`). Reply: `Links`.
+    InodeRevoke { ino: Ino, holder: u64 },
+    /// Node-wide: the client with lease number `holder` is alive, and keeps its open handles
+    /// on the partitions this node holds for another lease period. Sent to every replica of
+    /// the partitions of the client's open files. Reply: `Ok`; `LeaseExpired` if this node let
+    /// the holder's handles go (its lease ran out before); `StaleEpoch` if the request's epoch
+    /// is older than this node's table (renewed all the same: the client fetches the table and
+    /// renews where its files are now).
+    LeaseRenew { holder: u64 },
+    /// Inodes of `partition` in number order, after `after`, at most `limit` (capped at
+    /// [`SCAN_PAGE_MAX`]), for `tessera fsck`. Reply: `Inodes`.
+    InodeScan {
+        partition: PartitionId,
+        after: Option<Ino>,
+        limit: u32,
+    },
+    /// Delete inode `ino` (a file's stripes with it) if it is still as a scan saw it (`change`,
+    /// `ctime`), no handle is open on it, no name of its partition leads to it and, for a
+    /// directory, it has no entries: an inode that no name reaches (`tessera fsck`).
+    /// Reply: `Reclaimed`.
+    InodeReclaim {
+        ino: Ino,
+        change: u64,
+        ctime: Timespec,
+    },
     /// Add an entry to directory `dir` (whose inode lives on this node); with `replace`, an
     /// existing entry is replaced when POSIX rename allows it (file over file, dir over dir) and
     /// returned. Errors: `NotFound` (no such dir), `NotDir`, `Exists`, `IsDir`/`NotDir` on a kind
@@ -282,13 +394,15 @@ pub enum Op {
     DirDestroy { dir: Ino },
     /// `InodeCreate` and an exclusive `DirInsert` of its name, atomically: for an inode placed
     /// in the directory's partition (`placement::placed_ino`; `Invalid` otherwise). `Exists` if
-    /// the name or the inode number is taken (nothing changes); else as `DirInsert`.
+    /// the name or the inode number is taken (nothing changes); else as `DirInsert`. A create
+    /// that opens (`open_count` 1) holds its handle under lease `holder`.
     /// Reply: `Inode`, the directory after the insert.
     DirCreate {
         dir: Ino,
         name: Name,
         inode: Inode,
         mtime: Timespec,
+        holder: u64,
     },
     /// Reply: `Stats`.
     NodeStats,
@@ -327,6 +441,7 @@ impl Op {
     pub fn partition(&self, partitions: u32) -> Option<PartitionId> {
         let p = partitions;
         match self {
+            Op::InodeScan { partition, .. } => Some(*partition),
             Op::WriteStripe { file, stripe, .. } | Op::ReadStripe { file, stripe, .. } => {
                 Some(stripe_partition(*file, *stripe, p))
             }
@@ -336,8 +451,10 @@ impl Op {
             | Op::InodeExtend { ino, .. }
             | Op::InodeRetract { ino, .. }
             | Op::InodeLink { ino, .. }
-            | Op::InodeOpen { ino }
-            | Op::InodeClose { ino } => Some(meta_partition(*ino, p)),
+            | Op::InodeOpen { ino, .. }
+            | Op::InodeClose { ino, .. }
+            | Op::InodeRevoke { ino, .. }
+            | Op::InodeReclaim { ino, .. } => Some(meta_partition(*ino, p)),
             Op::DirInsert { dir, .. }
             | Op::DirRemove { dir, .. }
             | Op::DirUnlink { dir, .. }
@@ -349,7 +466,10 @@ impl Op {
             | Op::Relinquish { dir } => Some(meta_partition(*dir, p)),
             Op::SyncPull { partition, .. } => Some(*partition),
             Op::RenameLock { .. } | Op::RenameUnlock { .. } => Some(meta_partition(ROOT_INO, p)),
-            Op::TruncateStripes { .. } | Op::DropFiles { .. } | Op::NodeStats => None,
+            Op::TruncateStripes { .. }
+            | Op::DropFiles { .. }
+            | Op::NodeStats
+            | Op::LeaseRenew { .. } => None,
         }
     }
 }
@@ -367,7 +487,8 @@ pub enum SyncItem {
         file: Ino,
         index: u64,
     },
-    Inode(Inode),
+    /// An inode and who holds its open handles.
+    Inode(Inode, Opens),
     NoInode(Ino),
     Entry {
         dir: Ino,
@@ -509,6 +630,13 @@ pub enum Response {
         entries: Vec<Listed>,
         more: bool,
     },
+    /// A page of a partition's inodes (`InodeScan`).
+    Inodes {
+        inodes: Vec<Inode>,
+        more: bool,
+    },
+    /// `InodeReclaim`: whether the inode was deleted (else it was in use or changed).
+    Reclaimed(bool),
     Stats(NodeStats),
     SyncPage {
         items: Vec<SyncItem>,
@@ -560,6 +688,9 @@ pub enum ErrorCode {
     Internal(String),
     #[error("partition {0} is lost: every copy of it was on servers that died")]
     Lost(PartitionId),
+    /// The client's lease ran out (it did not renew in time): its open handles were let go.
+    #[error("this client's lease ran out: its open files were closed by the servers")]
+    LeaseExpired,
 }
 
 impl ErrorCode {
@@ -567,16 +698,16 @@ impl ErrorCode {
     #[must_use]
     pub fn errno(&self) -> i32 {
         match self {
-            Self::NotFound => 2,                               // ENOENT
-            Self::Exists => 17,                                // EEXIST
-            Self::NotDir => 20,                                // ENOTDIR
-            Self::IsDir => 21,                                 // EISDIR
-            Self::NotEmpty => 39,                              // ENOTEMPTY
-            Self::NoSpace => 28,                               // ENOSPC
-            Self::NameTooLong => 36,                           // ENAMETOOLONG
-            Self::Invalid(_) => 22,                            // EINVAL
-            Self::StaleEpoch { .. } | Self::NotReady(_) => 11, // EAGAIN
-            Self::Internal(_) | Self::Lost(_) => 5,            // EIO
+            Self::NotFound => 2,                                         // ENOENT
+            Self::Exists => 17,                                          // EEXIST
+            Self::NotDir => 20,                                          // ENOTDIR
+            Self::IsDir => 21,                                           // EISDIR
+            Self::NotEmpty => 39,                                        // ENOTEMPTY
+            Self::NoSpace => 28,                                         // ENOSPC
+            Self::NameTooLong => 36,                                     // ENAMETOOLONG
+            Self::Invalid(_) => 22,                                      // EINVAL
+            Self::StaleEpoch { .. } | Self::NotReady(_) => 11,           // EAGAIN
+            Self::Internal(_) | Self::Lost(_) | Self::LeaseExpired => 5, // EIO
         }
     }
 }
@@ -588,9 +719,32 @@ pub struct ClusterConfig {
     pub partitions: u32,
     pub stripe_size: u32,
     pub replication: u8,
+    /// How long a client's open handles outlive its last lease renewal, milliseconds
+    /// ([`OPEN_LEASE`] unless set; at least [`OPEN_LEASE_MIN`]).
+    pub open_lease_ms: u32,
 }
 
+/// The shortest open lease a cluster accepts: clients renew three times per lease.
+pub const OPEN_LEASE_MIN: Duration = Duration::from_millis(300);
+
 impl ClusterConfig {
+    /// A cluster of these settings with the default open lease.
+    #[must_use]
+    pub const fn new(partitions: u32, stripe_size: u32, replication: u8) -> Self {
+        Self {
+            partitions,
+            stripe_size,
+            replication,
+            open_lease_ms: OPEN_LEASE.as_millis() as u32,
+        }
+    }
+
+    /// How long a client's open handles outlive its last renewal.
+    #[must_use]
+    pub fn open_lease(&self) -> Duration {
+        Duration::from_millis(u64::from(self.open_lease_ms))
+    }
+
     /// At least one partition, 1 to 3 copies of each, a stripe size [`validate_stripe_size`]
     /// accepts.
     pub fn validate(&self) -> Result<(), String> {
@@ -599,6 +753,12 @@ impl ClusterConfig {
         }
         if !(1..=3).contains(&self.replication) {
             return Err(format!("replication {} must be 1 to 3", self.replication));
+        }
+        if self.open_lease() < OPEN_LEASE_MIN {
+            return Err(format!(
+                "an open lease of {:?} is shorter than {OPEN_LEASE_MIN:?}",
+                self.open_lease()
+            ));
         }
         validate_stripe_size(u64::from(self.stripe_size)).map(drop)
     }
@@ -609,6 +769,7 @@ struct UncheckedConfig {
     partitions: u32,
     stripe_size: u32,
     replication: u8,
+    open_lease_ms: u32,
 }
 
 impl TryFrom<UncheckedConfig> for ClusterConfig {
@@ -619,6 +780,7 @@ impl TryFrom<UncheckedConfig> for ClusterConfig {
             partitions: c.partitions,
             stripe_size: c.stripe_size,
             replication: c.replication,
+            open_lease_ms: c.open_lease_ms,
         };
         config.validate().map(|()| config)
     }
@@ -797,11 +959,7 @@ mod tests {
 
     fn info(partitions: u32, lists: Vec<Vec<NodeId>>, addrs: &[NodeId]) -> TableInfo {
         TableInfo {
-            config: ClusterConfig {
-                partitions,
-                stripe_size: 1 << 20,
-                replication: 2,
-            },
+            config: ClusterConfig::new(partitions, 1 << 20, 2),
             table: PartitionTable::new(1, lists).unwrap(),
             nodes: addrs
                 .iter()
@@ -832,6 +990,25 @@ mod tests {
         torn.config.partitions = 3;
         assert!(torn.check(2).is_err() && torn.check(3).is_err());
         assert!(decode(&torn).is_err());
+    }
+
+    #[test]
+    fn opens_are_counted_per_holder_and_kept_from_clients() {
+        let mut file = Inode::new(5, FileKind::File, 0o644, 0, 0, 0, Vec::new());
+        file.open_count = 1;
+        let mut i = file.created_by(7);
+        i.open_by(7);
+        i.open_by(9);
+        assert_eq!((i.open_count, i.opens.total()), (3, 3));
+        i.close_by(8, false);
+        assert_eq!(i.open_count, 3, "a holder without handles closes nothing");
+        i.close_by(7, true);
+        assert_eq!(i.opens.holders().collect::<Vec<_>>(), vec![(9, 1)]);
+        let sent: Inode = postcard::from_bytes(&postcard::to_allocvec(&i).unwrap()).unwrap();
+        assert_eq!((sent.open_count, sent.opens.is_empty()), (1, true));
+        i.close_by(9, false);
+        i.close_by(9, false);
+        assert!(i.opens.is_empty() && i.open_count == 0);
     }
 
     #[test]

@@ -9,17 +9,18 @@
 //! [`crate::sync`] pulling snapshots and deltas from the primary ([`Op::SyncPull`], answered
 //! there by `sync` too).
 
+use crate::leases::Leases;
 use crate::node::{err, now, ok, stale, Answer, Installed, Node};
 use crate::peers::Peers;
 use crate::purge;
 use crate::rename_lock::RenameLock;
-use crate::store::{Links, Store};
+use crate::store::{lock, Links, Store};
 use crate::sync::{self, Copies};
 use crate::valid;
 use crate::watch::{self, Watches};
 use bytes::Bytes;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 use tessera_placement::{Epoch, Ino, NodeId, PartitionId};
 use tessera_proto::{
@@ -59,6 +60,11 @@ pub struct NodeHandler {
     pub(crate) copies: Copies,
     /// Fault injection: every stripe request waits this long first (a slow node).
     fault_delay: Duration,
+    /// Clients' leases on the open handles of the partitions held here.
+    leases: Mutex<Leases>,
+    /// Per partition, since when this node is its primary (or since it started): a holder's
+    /// lease counts from then at the earliest.
+    primary_since: Mutex<Vec<Instant>>,
 }
 
 /// How often a change waiting for a recalled promise looks whether its holders are gone.
@@ -75,6 +81,8 @@ fn is_meta_change(op: &Op) -> bool {
             | Op::InodeLink { .. }
             | Op::InodeOpen { .. }
             | Op::InodeClose { .. }
+            | Op::InodeRevoke { .. }
+            | Op::InodeReclaim { .. }
             | Op::DirInsert { .. }
             | Op::DirRemove { .. }
             | Op::DirUnlink { .. }
@@ -111,6 +119,8 @@ impl NodeHandler {
             purge: purge::Queue::default(),
             copies: Copies::default(),
             fault_delay: Duration::ZERO,
+            leases: Mutex::new(Leases::new(config.open_lease())),
+            primary_since: Mutex::new(vec![Instant::now(); config.partitions as usize]),
         }
     }
 
@@ -160,6 +170,18 @@ impl NodeHandler {
         };
         let Some(new) = self.table() else { return };
         let table = &new.info.table;
+        {
+            let at = Instant::now();
+            let mut since = lock(&self.primary_since);
+            for (p, since) in (0..table.partitions()).zip(since.iter_mut()) {
+                let me = Some(self.node);
+                if table.primary(p) == me
+                    && old.as_ref().is_none_or(|o| o.info.table.primary(p) != me)
+                {
+                    *since = at;
+                }
+            }
+        }
         if let Some(old) = old {
             for p in 0..table.partitions() {
                 let was_primary = old.info.table.primary(p) == Some(self.node);
@@ -262,6 +284,10 @@ impl NodeHandler {
         {
             return sync::pull(self, &t, epoch, partition, node, round, from, fence);
         }
+        // Renewed whatever the epoch: a client behind the table is still alive.
+        if let Op::LeaseRenew { holder } = op {
+            return now(self.renew(&t, epoch, holder));
+        }
         if let Err(e) = self.check(&t, epoch, part) {
             return now(err(e));
         }
@@ -335,6 +361,70 @@ impl NodeHandler {
                     err(ErrorCode::NotReady("the rename lock is busy".into()))
                 }
             })),
+        }
+    }
+
+    /// Renews `holder`'s lease here, unless its handles were let go already (`LeaseExpired`);
+    /// a client behind this node's table is told so, to renew where its files are now.
+    fn renew(&self, t: &Installed, epoch: Epoch, holder: u64) -> Answer {
+        let mut leases = lock(&self.leases);
+        if leases.was_expired(holder) {
+            return err(ErrorCode::LeaseExpired);
+        }
+        leases.renew(holder, Instant::now());
+        let current = t.info.table.epoch();
+        if epoch < current {
+            return err(stale(current));
+        }
+        ok()
+    }
+
+    /// One look at the leases of the handles open in the partitions this node is primary of:
+    /// the handles of holders that did not renew for a lease period are let go
+    /// ([`Op::InodeRevoke`], replicated as any change).
+    async fn expire_leases(self: &Arc<Self>) {
+        let Some(t) = self.table() else { return };
+        let table = &t.info.table;
+        let mut open = Vec::new();
+        for p in (0..table.partitions()).filter(|&p| table.primary(p) == Some(self.node)) {
+            if let Ok(held) = self.store.open_holders(p) {
+                open.extend(held.into_iter().map(|(ino, h)| (p, ino, h)));
+            }
+        }
+        let now = Instant::now();
+        let gone: Vec<(Ino, u64)> = {
+            let since = lock(&self.primary_since);
+            let mut leases = lock(&self.leases);
+            let gone = open
+                .iter()
+                .filter(|&&(p, _, h)| leases.is_expired(h, since[p as usize], now))
+                .map(|&(_, ino, h)| (ino, h))
+                .collect();
+            leases.prune(&open.iter().map(|&(_, _, h)| h).collect(), now);
+            gone
+        };
+        for (ino, holder) in gone {
+            let op = Op::InodeRevoke { ino, holder };
+            let (resp, _) = match self.serve(None, table.epoch(), op, Bytes::new()) {
+                Reply::Now(resp, payload) => (resp, payload),
+                Reply::Later(answer) | Reply::Detached(answer) => answer.await,
+            };
+            match resp {
+                Response::Error(e) => debug!(ino, holder, "letting an expired lease go: {e}"),
+                _ => info!(
+                    ino,
+                    holder, "a client's lease ran out: its handle was let go"
+                ),
+            }
+        }
+    }
+
+    /// Lets the handles of clients that stopped renewing go, for the server's life.
+    pub(crate) async fn run_leases(self: Arc<Self>) {
+        let every = lock(&self.leases).period() / 4;
+        loop {
+            tokio::time::sleep(every).await;
+            self.expire_leases().await;
         }
     }
 
@@ -578,8 +668,36 @@ impl NodeHandler {
             Op::InodeLink { ino, delta, ctime } => s
                 .inode_link(p, ino, delta, ctime)
                 .map(|l| answer_links(links(ino, l))),
-            Op::InodeOpen { ino } => s.inode_open(p, ino).map(inode),
-            Op::InodeClose { ino } => s.inode_close(p, ino).map(|l| answer_links(links(ino, l))),
+            Op::InodeOpen { ino, holder } => {
+                self.renewed(holder);
+                s.inode_open(p, ino, holder).map(inode)
+            }
+            Op::InodeClose { ino, holder } => {
+                self.renewed(holder);
+                s.inode_close(p, ino, holder, false)
+                    .map(|l| answer_links(links(ino, l)))
+            }
+            Op::InodeRevoke { ino, holder } => {
+                lock(&self.leases).expire(holder);
+                s.inode_close(p, ino, holder, true)
+                    .map(|l| answer_links(links(ino, l)))
+            }
+            Op::LeaseRenew { .. } => Err(ErrorCode::Invalid(
+                "a lease is renewed where it is asked for, not applied".into(),
+            )),
+            Op::InodeScan {
+                partition,
+                after,
+                limit,
+            } => s
+                .inode_scan(partition, after, limit)
+                .map(|(inodes, more)| (Response::Inodes { inodes, more }, Bytes::new())),
+            Op::InodeReclaim { ino, change, ctime } => {
+                s.inode_reclaim(p, ino, change, ctime).map(|l| {
+                    let reclaimed = l.map(|l| links(ino, l)).is_some();
+                    (Response::Reclaimed(reclaimed), Bytes::new())
+                })
+            }
             Op::DirInsert {
                 dir,
                 name,
@@ -639,7 +757,14 @@ impl NodeHandler {
                 name,
                 inode: file,
                 mtime,
-            } => s.dir_create(p, dir, name, file, mtime).map(inode),
+                holder,
+            } => {
+                if file.open_count > 0 {
+                    self.renewed(holder);
+                }
+                s.dir_create(p, dir, name, file.created_by(holder), mtime)
+                    .map(inode)
+            }
             Op::NodeStats => Ok((Response::Stats(self.stats()), Bytes::new())),
             Op::Relinquish { .. } => Err(ErrorCode::Invalid(
                 "a relinquished promise is answered where it is held, not applied".into(),
@@ -650,6 +775,11 @@ impl NodeHandler {
             )),
         };
         result.unwrap_or_else(err)
+    }
+
+    /// `holder` opened or closed here: as good as a renewal.
+    fn renewed(&self, holder: u64) {
+        lock(&self.leases).renew(holder, Instant::now());
     }
 }
 
@@ -748,11 +878,7 @@ mod tests {
     }
 
     fn handler(node: NodeId) -> (Service, TableInfo) {
-        let config = ClusterConfig {
-            partitions: P,
-            stripe_size: 1 << 20,
-            replication: 1,
-        };
+        let config = ClusterConfig::new(P, 1 << 20, 1);
         let nodes = [
             NodeWeight {
                 node: 1,

@@ -8,6 +8,7 @@
 //! only through the traits of `node` ([`node::Node`], `sync::Host`, `purge::Host`).
 
 pub mod handler;
+mod leases;
 mod node;
 mod peers;
 mod purge;
@@ -227,6 +228,7 @@ pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
         opts.sync_rate,
     )));
     tasks.spawn(failed_at_end(purge::run(handler.clone())));
+    tasks.spawn(failed_at_end(handler.clone().run_leases()));
     tasks.spawn(heartbeat(handler, manager, opts, rpc, addr));
     Ok(RunningServer { addr, node, tasks })
 }

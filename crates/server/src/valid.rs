@@ -39,7 +39,7 @@ pub fn check(op: &Op, p: PartitionId, partitions: u32) -> Result<(), ErrorCode> 
             new_placed(inode)
         }
         Op::DirInsert { dir, entry, .. } => entry_for(*dir, entry),
-        Op::DirDestroy { dir } if *dir == ROOT_INO => {
+        Op::DirDestroy { dir: ROOT_INO } | Op::InodeReclaim { ino: ROOT_INO, .. } => {
             Err(invalid("the root directory cannot be removed"))
         }
         Op::InodeLink { ino, .. } if !placed(*ino) => Err(invalid(format!(
@@ -190,6 +190,7 @@ mod tests {
                 name: b"n".to_vec(),
                 inode: Inode::new(ino, kind, 0o644, 0, 0, 0, target.to_vec()),
                 mtime: Timespec::default(),
+                holder: 1,
             };
             check(&op, 3, P)
         };

@@ -153,7 +153,8 @@ pub fn broken(op: &Op, resp: &Response) -> Vec<Broken> {
             Op::InodeSetAttr { ino, .. }
             | Op::InodeExtend { ino, .. }
             | Op::InodeRetract { ino, .. }
-            | Op::InodeLink { ino, .. },
+            | Op::InodeLink { ino, .. }
+            | Op::InodeReclaim { ino, .. },
             _,
         ) => vec![attr(*ino)],
         (Op::DirInsert { dir, name, .. }, Response::Replaced(old)) => match old {
@@ -595,6 +596,7 @@ mod tests {
             name: name.into(),
             inode: file(ino),
             mtime: Timespec::now(),
+            holder: 1,
         };
         let answer = Response::Inode(Inode::new(dir, FileKind::Dir, 0o755, 0, 0, 2, Vec::new()));
         (op, answer)

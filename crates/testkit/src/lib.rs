@@ -479,6 +479,14 @@ impl Worker {
         })
     }
 
+    /// Sends `signal` to the worker process (say `SIGSTOP`, to play a client that hangs).
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: a plain kill(2) of our own child, which is not reaped before `Drop`.
+        unsafe {
+            libc::kill(self.child.id() as i32, signal);
+        }
+    }
+
     /// Sends one command and returns its reply (`{"ok": true, ...}` or `{"ok": false, "errno": N, "error": "..."}`).
     pub fn call(&mut self, cmd: &Value) -> Result<Value> {
         writeln!(self.stdin, "{cmd}")?;

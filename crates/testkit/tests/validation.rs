@@ -124,8 +124,15 @@ async fn copies_agree(raw: &mut Raw, dirs: &[Ino], inodes: &[Ino]) -> Result<()>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_root_can_be_neither_removed_nor_replaced() -> Result<()> {
     let (_cluster, c, mut raw) = start().await?;
-    // Empty, as in a new cluster.
+    // Empty, as in a new cluster, and reached by no name.
     refused(&mut raw, Op::DirDestroy { dir: ROOT_INO }, invalid()).await?;
+    let root = c.getattr(ROOT_INO).await?;
+    let reclaim = Op::InodeReclaim {
+        ino: ROOT_INO,
+        change: root.change,
+        ctime: root.ctime,
+    };
+    refused(&mut raw, reclaim, invalid()).await?;
     let d = c.create_dir("/d").await?.ino;
     let device = Inode::new(
         ROOT_INO,
@@ -193,6 +200,7 @@ async fn numbers_are_not_reused_and_kinds_never_change() -> Result<()> {
         name: name.to_vec(),
         inode,
         mtime: Timespec::default(),
+        holder: 1,
     };
     let as_link = Inode::new(f, FileKind::Symlink, 0o777, 0, 0, 0, b"x".to_vec());
     refused(&mut raw, create(b"g", as_link), ErrorCode::Exists).await?;
@@ -297,6 +305,7 @@ async fn bad_names_are_refused_everywhere() -> Result<()> {
             name: name.to_vec(),
             inode,
             mtime: Timespec::default(),
+            holder: 1,
         };
         refused(&mut raw, create, want.clone()).await?;
         let rename = Op::DirRename {
@@ -532,6 +541,7 @@ impl Model {
                     name: self.name(dir),
                     inode: self.inode(ino, kind, 0),
                     mtime,
+                    holder: self.rng.gen_range(1..3),
                 }
             }
             5 | 6 => {
@@ -603,10 +613,19 @@ impl Model {
             },
             14 => {
                 let ino = self.any_ino();
-                if self.rng.gen() {
-                    Op::InodeOpen { ino }
-                } else {
-                    Op::InodeClose { ino }
+                let holder = self.rng.gen_range(1..3);
+                match self.rng.gen_range(0..4) {
+                    0 => Op::InodeOpen { ino, holder },
+                    1 => Op::InodeClose { ino, holder },
+                    2 => Op::InodeRevoke { ino, holder },
+                    _ => {
+                        let now = self.time();
+                        Op::InodeReclaim {
+                            ino,
+                            change: self.rng.gen_range(0..3),
+                            ctime: now,
+                        }
+                    }
                 }
             }
             _ => {

@@ -40,7 +40,7 @@ use std::collections::VecDeque;
 use std::io::SeekFrom;
 use std::sync::Arc;
 use tessera_placement::Ino;
-use tessera_proto::{Inode, Op, Response, SetAttr, Timespec};
+use tessera_proto::{ErrorCode, Inode, Op, Response, SetAttr, Timespec};
 use tessera_trace::Op as TraceOp;
 use tracing::warn;
 use write::{Inflight, Lost};
@@ -89,11 +89,14 @@ pub struct File {
     asked: u64,
     /// The trace this handle's calls are recorded in, with the path it was opened by.
     trace: Option<(Arc<Tracer>, Arc<[u8]>)>,
+    /// The client lease the handle was opened under ([`crate::lease`]).
+    holder: u64,
 }
 
 impl File {
-    pub(crate) fn new(client: Client, inode: Inode, opts: &OpenOptions) -> Self {
+    pub(crate) fn new(client: Client, inode: Inode, opts: &OpenOptions, holder: u64) -> Self {
         let ack = opts.write_ack.unwrap_or(client.opts.write_ack);
+        client.lease.opened(inode.ino);
         Self {
             stripe: u64::from(client.stripe_size()),
             client,
@@ -120,6 +123,7 @@ impl File {
             detached: false,
             asked: 0,
             trace: None,
+            holder,
         }
     }
 
@@ -198,7 +202,17 @@ impl File {
         if !write && !self.readable {
             return Err(Error::BadHandle("reading"));
         }
+        self.leased()?;
         self.unreported()
+    }
+
+    /// The servers may have let this handle go (its file deleted since, if unlinked).
+    fn leased(&self) -> Result<()> {
+        if self.client.lease.covers(self.holder) {
+            Ok(())
+        } else {
+            Err(ErrorCode::LeaseExpired.into())
+        }
     }
 
     /// A failure not yet reported to the caller.
@@ -227,6 +241,8 @@ impl File {
         if self.closed {
             return Err(Error::BadHandle("anything: it is closed"));
         }
+        // What an expired handle holds back is dropped: its file may be gone.
+        self.leased()?;
         if let Some(done) = self.flush_beside().await {
             return done;
         }
@@ -481,11 +497,9 @@ impl File {
     async fn release(&mut self) -> Result<()> {
         let flushed = self.flush_untraced().await;
         self.closed = true;
-        let released = match self
-            .client
-            .meta(self.ino, Op::InodeClose { ino: self.ino })
-            .await
-        {
+        self.client.lease.closed(self.ino);
+        let (ino, holder) = (self.ino, self.holder);
+        let released = match self.client.meta(ino, Op::InodeClose { ino, holder }).await {
             Ok(Response::Links { .. }) => Ok(()),
             Ok(other) => Err(unexpected(&other)),
             Err(e) => Err(e),
@@ -533,6 +547,7 @@ impl Drop for File {
             detached: true,
             asked: self.asked,
             trace: self.trace.take(),
+            holder: self.holder,
         };
         self.closed = true;
         rt.spawn(async move {

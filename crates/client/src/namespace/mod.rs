@@ -12,8 +12,10 @@ use tessera_proto::{
     check_name, DirEntry, ErrorCode, FileKind, Inode, Listed, Op, Response, SetAttr, Timespec,
     DIR_PAGE_MAX, SYMLINK_MAX,
 };
+mod fsck;
 mod remove;
 
+pub use fsck::{Fsck, Orphan};
 pub use remove::{Moved, Unlinked};
 
 /// Capacity and use of the whole cluster.
@@ -163,7 +165,7 @@ impl Client {
         mode: u32,
         parent: Ino,
         target: Vec<u8>,
-        open: bool,
+        holder: Option<u64>,
     ) -> Inode {
         let mut inode = Inode::new(
             ino,
@@ -174,7 +176,7 @@ impl Client {
             parent,
             target,
         );
-        inode.open_count = u32::from(open);
+        inode.open_count = u32::from(holder.is_some());
         inode
     }
 
@@ -231,7 +233,7 @@ impl Client {
         kind: FileKind,
         mode: u32,
         target: Vec<u8>,
-        open: bool,
+        holder: Option<u64>,
     ) -> Result<(Inode, Option<Inode>)> {
         check_name(name)?;
         if kind == FileKind::Dir {
@@ -241,8 +243,8 @@ impl Client {
         let mut tries = 0;
         loop {
             let ino = new_ino(kind, parent, partitions);
-            let inode = self.new_inode(ino, kind, mode, parent, target.clone(), open);
-            match self.name_new(parent, name, &inode).await? {
+            let inode = self.new_inode(ino, kind, mode, parent, target.clone(), holder);
+            match self.name_new(parent, name, &inode, holder).await? {
                 Named::Made(dir) => return Ok((inode, dir)),
                 Named::NumberTaken(_) if tries < 8 => tries += 1,
                 Named::NumberTaken(e) => return Err(e),
@@ -250,13 +252,21 @@ impl Client {
         }
     }
 
-    /// Creates `inode` with its name in `parent` (`DirCreate`).
-    async fn name_new(&self, parent: Ino, name: &[u8], inode: &Inode) -> Result<Named> {
+    /// Creates `inode` with its name in `parent` (`DirCreate`), opened under lease `holder`
+    /// if given.
+    async fn name_new(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        inode: &Inode,
+        holder: Option<u64>,
+    ) -> Result<Named> {
         let op = Op::DirCreate {
             dir: parent,
             name: name.to_vec(),
             inode: inode.clone(),
             mtime: Timespec::now(),
+            holder: holder.unwrap_or(0),
         };
         let (r, resent) = self.meta_resent(parent, op).await;
         let e = match r {
@@ -282,7 +292,7 @@ impl Client {
         let mut tries = 0;
         let inode = loop {
             let ino = new_ino(FileKind::Dir, parent, partitions);
-            let inode = self.new_inode(ino, FileKind::Dir, mode, parent, Vec::new(), false);
+            let inode = self.new_inode(ino, FileKind::Dir, mode, parent, Vec::new(), None);
             let op = Op::InodeCreate {
                 inode: inode.clone(),
             };
@@ -333,11 +343,12 @@ impl Client {
         exclusive: bool,
         opts: &OpenOptions,
     ) -> Result<(File, Option<Inode>)> {
+        let holder = self.lease.holder();
         match self
-            .make(parent, name, FileKind::File, mode, Vec::new(), true)
+            .make(parent, name, FileKind::File, mode, Vec::new(), Some(holder))
             .await
         {
-            Ok((inode, dir)) => Ok((File::new(self.clone(), inode, opts), dir)),
+            Ok((inode, dir)) => Ok((File::new(self.clone(), inode, opts, holder), dir)),
             Err(e) if e.is(&ErrorCode::Exists) && !exclusive => {
                 let entry = self.lookup_entry(parent, name).await?;
                 Ok((self.open_ino(entry.ino, opts).await?, None))
@@ -364,16 +375,17 @@ impl Client {
     )> {
         check_name(name)?;
         let ino = new_ino(FileKind::File, parent, self.router.config().partitions);
-        let inode = self.new_inode(ino, FileKind::File, mode, parent, Vec::new(), true);
+        let holder = self.lease.holder();
+        let inode = self.new_inode(ino, FileKind::File, mode, parent, Vec::new(), Some(holder));
         let (me, name, made) = (self.clone(), name.to_vec(), inode.clone());
         let request = async move {
-            match me.name_new(parent, &name, &made).await? {
+            match me.name_new(parent, &name, &made, Some(holder)).await? {
                 Named::Made(dir) => Ok(dir),
                 // Its number is handed out already: no other may be drawn.
                 Named::NumberTaken(e) => Err(e),
             }
         };
-        Ok((File::new(self.clone(), inode, opts), request))
+        Ok((File::new(self.clone(), inode, opts, holder), request))
     }
 
     /// Gives back `dir`'s completeness promise, which its server recalled (`Notice::Listing`):
@@ -386,7 +398,7 @@ impl Client {
     }
 
     pub async fn mkdir(&self, parent: Ino, name: &[u8], mode: u32) -> Result<Inode> {
-        let made = self.make(parent, name, FileKind::Dir, mode, Vec::new(), false);
+        let made = self.make(parent, name, FileKind::Dir, mode, Vec::new(), None);
         Ok(made.await?.0)
     }
 
@@ -402,7 +414,7 @@ impl Client {
             return Err(Error::Invalid(format!("mknod does not make a {kind:?}")));
         }
         Ok(self
-            .make(parent, name, kind, mode, Vec::new(), false)
+            .make(parent, name, kind, mode, Vec::new(), None)
             .await?
             .0)
     }
@@ -419,7 +431,7 @@ impl Client {
             FileKind::Symlink,
             0o777,
             target.to_vec(),
-            false,
+            None,
         );
         Ok(made.await?.0)
     }
@@ -472,12 +484,13 @@ impl Client {
 
     /// Opens an existing inode.
     pub async fn open_ino(&self, ino: Ino, opts: &OpenOptions) -> Result<File> {
-        let inode = self.meta_inode(ino, Op::InodeOpen { ino }).await?;
+        let holder = self.lease.holder();
+        let inode = self.meta_inode(ino, Op::InodeOpen { ino, holder }).await?;
         if inode.kind == FileKind::Dir && (opts.write || opts.append) {
-            let _ = self.meta(ino, Op::InodeClose { ino }).await;
+            let _ = self.meta(ino, Op::InodeClose { ino, holder }).await;
             return Err(ErrorCode::IsDir.into());
         }
-        let mut file = File::new(self.clone(), inode, opts);
+        let mut file = File::new(self.clone(), inode, opts, holder);
         if opts.truncate && (opts.write || opts.append) {
             if let Err(e) = file.set_len(0).await {
                 let _ = file.close().await;

@@ -302,6 +302,47 @@ impl<T: Transport> Router<T> {
     }
 }
 
+impl<T: Transport> Router<T> {
+    /// Renews lease `holder` at every replica of the partitions of `inos` (its open files);
+    /// whether a server let its handles go. A server that does not answer is asked again at
+    /// the next renewal; one with a newer table has the table fetched, and the lease renewed
+    /// where the files are now.
+    pub async fn renew(&self, holder: u64, inos: &[tessera_placement::Ino]) -> bool {
+        for _ in 0..2 {
+            let route = self.route();
+            let table = &route.info.table;
+            let nodes: std::collections::BTreeSet<NodeId> = inos
+                .iter()
+                .flat_map(|&ino| table.replicas(route.partition(Key::Meta(ino))))
+                .copied()
+                .collect();
+            let req = Request::Op {
+                epoch: route.epoch(),
+                op: Op::LeaseRenew { holder },
+            };
+            let replies = futures::future::join_all(
+                nodes
+                    .iter()
+                    .map(|&node| self.ask(&route, node, &req, Bytes::new())),
+            )
+            .await;
+            let (mut expired, mut stale) = (false, false);
+            for reply in replies {
+                match reply {
+                    Ok((Response::Error(ErrorCode::LeaseExpired), _)) => expired = true,
+                    Ok((Response::Error(e), _)) if retryable(&e) => stale = true,
+                    Ok(_) => {}
+                    Err(e) => debug!("renewing the lease: {e}"),
+                }
+            }
+            if expired || !stale || self.refresh(route.epoch()).await.is_err() {
+                return expired;
+            }
+        }
+        false
+    }
+}
+
 pub(crate) fn retryable(e: &ErrorCode) -> bool {
     matches!(e, ErrorCode::StaleEpoch { .. } | ErrorCode::NotReady(_))
 }

@@ -36,6 +36,8 @@ const MANAGER_PATIENCE: Duration = Duration::from_secs(1);
 pub(crate) enum Key {
     Stripe(Ino, u64),
     Meta(Ino),
+    /// A whole partition (a scan of its inodes).
+    Partition(PartitionId),
 }
 
 pub(crate) struct Route {
@@ -58,6 +60,7 @@ impl Route {
         match key {
             Key::Stripe(file, stripe) => stripe_partition(file, stripe, p),
             Key::Meta(ino) => meta_partition(ino, p),
+            Key::Partition(part) => part,
         }
     }
 

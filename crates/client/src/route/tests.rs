@@ -155,11 +155,7 @@ fn router() -> Router<Memory> {
 /// The table of nodes 1 and 2 at `epoch` with these replica lists.
 fn table(epoch: u64, replicas: Vec<Vec<NodeId>>) -> TableInfo {
     TableInfo {
-        config: ClusterConfig {
-            partitions: PARTITIONS,
-            stripe_size: STRIPE,
-            replication: 2,
-        },
+        config: ClusterConfig::new(PARTITIONS, STRIPE, 2),
         table: PartitionTable::new(epoch, replicas).unwrap(),
         nodes: (1..=2)
             .map(|id| NodeAddr {

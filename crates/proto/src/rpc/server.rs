@@ -37,6 +37,8 @@ type Answering = std::pin::Pin<Box<dyn std::future::Future<Output = (Response, B
 /// connection waits for it: a slow node); or detached, when ready, while the connection goes on
 /// with the requests after it (a metadata change waiting for the mirrors: its client awaits
 /// each such change before it sends what depends on it).
+// Most answers are `Now`: boxing it would cost an allocation per request.
+#[allow(clippy::large_enum_variant)]
 pub enum Reply {
     Now(Response, Bytes),
     Later(Answering),

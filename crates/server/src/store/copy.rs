@@ -64,7 +64,7 @@ impl Snapshot {
         }
         for (ino, i) in &self.inodes {
             if old.inodes.get(ino) != Some(i) {
-                d.items.push(SyncItem::Inode(i.clone()));
+                d.items.push(SyncItem::Inode(i.clone(), i.opens.clone()));
             }
         }
         for ino in old.inodes.keys() {
@@ -195,7 +195,8 @@ impl Store {
                         }
                     }
                 }
-                SyncItem::Inode(i) => {
+                SyncItem::Inode(mut i, opens) => {
+                    i.opens = opens;
                     let cost = INODE_COST + i.target.len() as u64;
                     match part.inodes.insert(i.ino, i) {
                         Some(old) => {

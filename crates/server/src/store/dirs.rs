@@ -299,13 +299,7 @@ impl Store {
         self.meta_op();
         let mut part = self.part_mut(p)?;
         Self::dir_of(&mut part, dir)?;
-        let has_entries = part
-            .entries
-            .map
-            .range((dir, Vec::new())..)
-            .next()
-            .is_some_and(|((d, _), _)| *d == dir);
-        if has_entries {
+        if part.entries.lists(dir) {
             return Err(ErrorCode::NotEmpty);
         }
         let i = part.inodes.remove(&dir).expect("checked above");

@@ -4,7 +4,7 @@
 use super::{Links, Partition, Store, INODE_COST, R};
 use std::sync::atomic::Ordering;
 use tessera_placement::{Ino, PartitionId};
-use tessera_proto::{ErrorCode, FileKind, Inode, SetAttr, Timespec};
+use tessera_proto::{ErrorCode, FileKind, Inode, SetAttr, Timespec, SCAN_PAGE_MAX};
 
 impl Store {
     pub(super) fn meta_op(&self) {
@@ -109,7 +109,7 @@ impl Store {
     /// published, may have stored stripes past it.
     pub(super) fn reap(&self, part: &mut Partition, ino: Ino) -> Links {
         match part.inodes.get(&ino) {
-            Some(i) if i.nlink == 0 && i.open_count == 0 && !part.entries.names(ino) => {
+            Some(i) if i.nlink == 0 && i.opens.is_empty() && !part.entries.names(ino) => {
                 let i = part.inodes.remove(&ino).expect("present");
                 self.refund(&mut part.used, INODE_COST + i.target.len() as u64);
                 self.inodes.fetch_sub(1, Ordering::Relaxed);
@@ -130,18 +130,80 @@ impl Store {
         Ok(self.reap(&mut part, ino))
     }
 
-    pub fn inode_open(&self, p: PartitionId, ino: Ino) -> R<Inode> {
+    pub fn inode_open(&self, p: PartitionId, ino: Ino, holder: u64) -> R<Inode> {
         self.with_inode(p, ino, |i| {
-            i.open_count = i.open_count.saturating_add(1);
+            i.open_by(holder);
             i.clone()
         })
     }
 
-    pub fn inode_close(&self, p: PartitionId, ino: Ino) -> R<Links> {
+    /// Releases a handle of `holder` ([`Opens::close`]), or with `all` every one (its lease ran
+    /// out), and reaps the inode if that was the last thing keeping it.
+    ///
+    /// [`Opens::close`]: tessera_proto::Opens::close
+    pub fn inode_close(&self, p: PartitionId, ino: Ino, holder: u64, all: bool) -> R<Links> {
         self.meta_op();
         let mut part = self.part_mut(p)?;
         let i = part.inodes.get_mut(&ino).ok_or(ErrorCode::NotFound)?;
-        i.open_count = i.open_count.saturating_sub(1);
+        i.close_by(holder, all);
         Ok(self.reap(&mut part, ino))
+    }
+
+    /// Every (inode, holder) with handles open in partition `p`: a scan of its inodes, made
+    /// once per lease check.
+    pub fn open_holders(&self, p: PartitionId) -> R<Vec<(Ino, u64)>> {
+        let part = self.part(p)?;
+        Ok(part
+            .inodes
+            .values()
+            .flat_map(|i| i.opens.holders().map(|(h, _)| (i.ino, h)))
+            .collect())
+    }
+
+    /// Partition `p`'s inodes numbered after `after`, in number order, at most `limit`; and
+    /// whether more follow.
+    pub fn inode_scan(
+        &self,
+        p: PartitionId,
+        after: Option<Ino>,
+        limit: u32,
+    ) -> R<(Vec<Inode>, bool)> {
+        self.meta_op();
+        let part = self.part(p)?;
+        let mut inos: Vec<Ino> = part
+            .inodes
+            .keys()
+            .copied()
+            .filter(|&i| after.is_none_or(|a| i > a))
+            .collect();
+        let limit = limit.clamp(1, SCAN_PAGE_MAX) as usize;
+        let more = inos.len() > limit;
+        if more {
+            inos.select_nth_unstable(limit);
+            inos.truncate(limit);
+        }
+        inos.sort_unstable();
+        Ok((inos.iter().map(|i| part.inodes[i].clone()).collect(), more))
+    }
+
+    /// Deletes inode `ino` if it is as a scan saw it (`change`, `ctime`), has no open handle,
+    /// no name in its partition and, for a directory, no entries: what it did, or `None` if it
+    /// is in use.
+    pub fn inode_reclaim(
+        &self,
+        p: PartitionId,
+        ino: Ino,
+        change: u64,
+        ctime: Timespec,
+    ) -> R<Option<Links>> {
+        self.meta_op();
+        let mut part = self.part_mut(p)?;
+        let in_use = part.entries.names(ino) || part.entries.lists(ino);
+        let i = part.inodes.get_mut(&ino).ok_or(ErrorCode::NotFound)?;
+        if i.change != change || i.ctime != ctime || !i.opens.is_empty() || in_use {
+            return Ok(None);
+        }
+        i.nlink = 0;
+        Ok(Some(self.reap(&mut part, ino)))
     }
 }

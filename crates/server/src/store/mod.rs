@@ -77,6 +77,14 @@ impl Entries {
     fn names(&self, ino: Ino) -> bool {
         self.named.contains_key(&ino)
     }
+
+    /// Does directory `dir` have entries?
+    fn lists(&self, dir: Ino) -> bool {
+        self.map
+            .range((dir, Vec::new())..)
+            .next()
+            .is_some_and(|((d, _), _)| *d == dir)
+    }
 }
 
 /// Counters reported in heartbeats.

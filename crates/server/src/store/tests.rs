@@ -7,6 +7,7 @@ use tessera_placement::meta_partition;
 use tessera_proto::{FileKind, SetAttr, Timespec, DIR_PAGE_INODE_BYTES, DIR_PAGE_MAX};
 
 mod names;
+mod orphans;
 
 const SS: u32 = 4096;
 
@@ -68,6 +69,7 @@ fn inode(ino: Ino, kind: FileKind) -> Inode {
         parent: 0,
         target: Vec::new(),
         open_count: 0,
+        opens: tessera_proto::Opens::default(),
         change: 0,
     }
 }

@@ -11,7 +11,7 @@ fn links_and_open_handles_decide_when_an_inode_goes() {
         s.inode_create(0, inode(7, FileKind::File)),
         Err(ErrorCode::Exists)
     );
-    assert_eq!(s.inode_open(0, 7).unwrap().open_count, 1);
+    assert_eq!(s.inode_open(0, 7, 1).unwrap().opens.total(), 1);
     assert_eq!(s.inode_link(0, 7, 1, t(1)), Ok((2, false)));
     assert_eq!(s.inode_link(0, 7, -1, t(2)), Ok((1, false)));
     assert_eq!(s.inode_link(0, 7, -1, t(3)), Ok((0, false)), "still open");
@@ -29,7 +29,12 @@ fn links_and_open_handles_decide_when_an_inode_goes() {
     };
     assert_eq!(s.inode_setattr(0, 7, &attr).unwrap().change, 5);
     assert_eq!(
-        s.inode_close(0, 7),
+        s.inode_close(0, 7, 2, false),
+        Ok((0, false)),
+        "a holder without handles releases nothing"
+    );
+    assert_eq!(
+        s.inode_close(0, 7, 1, false),
         Ok((0, true)),
         "last close reaps it; its stripes are to be dropped"
     );
@@ -199,7 +204,7 @@ fn unlink_drops_name_and_link_at_once_when_the_inode_is_here() {
     }
     s.inode_extend(0, 20, 5, t(2)).unwrap();
     s.inode_link(0, 21, 1, t(2)).unwrap(); // a second name elsewhere
-    s.inode_open(0, 22).unwrap();
+    s.inode_open(0, 22, 1).unwrap();
     let e = |ino| DirEntry {
         ino,
         kind: FileKind::File,
