@@ -1,6 +1,7 @@
 //! The Tessera wire protocol.
 //!
 //! * [`msg`]: the request and response messages (postcard-encoded headers).
+//! * [`cluster`]: the cluster's settings, the table as it travels, and status reports.
 //! * [`frame`]: length-prefixed frames: a fixed prefix, the header, then the raw payload (stripe
 //!   bytes travel as-is, never re-encoded).
 //! * [`auth`]: the handshake that proves both ends know the cluster secret.
@@ -16,6 +17,7 @@
 
 pub mod admit;
 pub mod auth;
+pub mod cluster;
 pub mod conns;
 pub mod frame;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -27,6 +29,7 @@ pub mod ratelimit;
 pub mod rpc;
 
 pub use auth::{AuthError, Secret};
+pub use cluster::*;
 pub use conns::Conns;
 pub use frame::{FrameError, Limits};
 pub use lane::LaneConn;

@@ -9,6 +9,8 @@
 //! [`crate::sync`] pulling snapshots and deltas from the primary ([`Op::SyncPull`], answered
 //! there by `sync` too).
 
+mod leases;
+
 use crate::leases::Leases;
 use crate::node::{err, now, ok, stale, Answer, Installed, Node};
 use crate::peers::Peers;
@@ -364,70 +366,6 @@ impl NodeHandler {
         }
     }
 
-    /// Renews `holder`'s lease here, unless its handles were let go already (`LeaseExpired`);
-    /// a client behind this node's table is told so, to renew where its files are now.
-    fn renew(&self, t: &Installed, epoch: Epoch, holder: u64) -> Answer {
-        let mut leases = lock(&self.leases);
-        if leases.was_expired(holder) {
-            return err(ErrorCode::LeaseExpired);
-        }
-        leases.renew(holder, Instant::now());
-        let current = t.info.table.epoch();
-        if epoch < current {
-            return err(stale(current));
-        }
-        ok()
-    }
-
-    /// One look at the leases of the handles open in the partitions this node is primary of:
-    /// the handles of holders that did not renew for a lease period are let go
-    /// ([`Op::InodeRevoke`], replicated as any change).
-    async fn expire_leases(self: &Arc<Self>) {
-        let Some(t) = self.table() else { return };
-        let table = &t.info.table;
-        let mut open = Vec::new();
-        for p in (0..table.partitions()).filter(|&p| table.primary(p) == Some(self.node)) {
-            if let Ok(held) = self.store.open_holders(p) {
-                open.extend(held.into_iter().map(|(ino, h)| (p, ino, h)));
-            }
-        }
-        let now = Instant::now();
-        let gone: Vec<(Ino, u64)> = {
-            let since = lock(&self.primary_since);
-            let mut leases = lock(&self.leases);
-            let gone = open
-                .iter()
-                .filter(|&&(p, _, h)| leases.is_expired(h, since[p as usize], now))
-                .map(|&(_, ino, h)| (ino, h))
-                .collect();
-            leases.prune(&open.iter().map(|&(_, _, h)| h).collect(), now);
-            gone
-        };
-        for (ino, holder) in gone {
-            let op = Op::InodeRevoke { ino, holder };
-            let (resp, _) = match self.serve(None, table.epoch(), op, Bytes::new()) {
-                Reply::Now(resp, payload) => (resp, payload),
-                Reply::Later(answer) | Reply::Detached(answer) => answer.await,
-            };
-            match resp {
-                Response::Error(e) => debug!(ino, holder, "letting an expired lease go: {e}"),
-                _ => info!(
-                    ino,
-                    holder, "a client's lease ran out: its handle was let go"
-                ),
-            }
-        }
-    }
-
-    /// Lets the handles of clients that stopped renewing go, for the server's life.
-    pub(crate) async fn run_leases(self: Arc<Self>) {
-        let every = lock(&self.leases).period() / 4;
-        loop {
-            tokio::time::sleep(every).await;
-            self.expire_leases().await;
-        }
-    }
-
     /// Waits until the `holders` of `dir`'s completeness gave it back or are gone, at most
     /// `RECALL_PATIENCE`; past that, takes it from them (a holder that does not answer is
     /// hung or cut off, and its late creates there may then find their names taken).
@@ -775,11 +713,6 @@ impl NodeHandler {
             )),
         };
         result.unwrap_or_else(err)
-    }
-
-    /// `holder` opened or closed here: as good as a renewal.
-    fn renewed(&self, holder: u64) {
-        lock(&self.leases).renew(holder, Instant::now());
     }
 }
 
