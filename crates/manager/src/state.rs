@@ -18,7 +18,8 @@ use tessera_placement::{
     PartitionTable,
 };
 use tessera_proto::{
-    ClusterConfig, ClusterStatus, ErrorCode, NodeAddr, NodeStats, NodeStatus, TableInfo,
+    ClusterConfig, ClusterStatus, ErrorCode, NodeAddr, NodeStats, NodeStatus, Request, Response,
+    TableInfo,
 };
 use tracing::{info, warn};
 
@@ -475,6 +476,72 @@ impl State {
         m.last_seen = now;
         m.stats = stats;
         Ok(Beat::Epoch(self.table.as_ref().map(|t| t.table.epoch())))
+    }
+
+    /// The answer to a request from a server or a client, and whether a registration built the
+    /// first table (the root directory is to be made). `Scale` needs the provisioner: the
+    /// caller answers it.
+    pub fn answer(&mut self, req: Request, now: Instant) -> (Response, bool) {
+        let resp = match req {
+            Request::Register {
+                addr,
+                capacity,
+                label,
+            } => match self.register(addr, capacity, label, now) {
+                Ok((node, built)) => {
+                    let config = self.config;
+                    return (Response::Registered { node, config }, built);
+                }
+                Err(e) => Response::Error(e),
+            },
+            Request::Rejoin {
+                node,
+                addr,
+                capacity,
+                label,
+                table,
+            } => match self.rejoin(node, addr, capacity, label, table, now) {
+                Ok(node) => Response::Registered {
+                    node,
+                    config: self.config,
+                },
+                Err(e) => Response::Error(e),
+            },
+            Request::Heartbeat { node, addr, stats } => {
+                match self.heartbeat(node, addr, stats, now) {
+                    Ok(Beat::Epoch(epoch)) => Response::HeartbeatAck { epoch },
+                    Ok(Beat::Retired) => Response::Retired,
+                    Err(e) => Response::Error(e),
+                }
+            }
+            Request::GetTable => match self.table_info() {
+                Ok(t) => Response::Table(t.clone()),
+                Err(e) => Response::Error(e),
+            },
+            Request::SyncDone {
+                node,
+                partition,
+                epoch,
+            } => match self.sync_done(node, partition, epoch, now) {
+                // Published before answering: the server fetches the new table next.
+                Ok(_) => Response::Ok,
+                Err(e) => {
+                    warn!(node, partition, epoch, "sync completion refused: {e}");
+                    Response::Error(e)
+                }
+            },
+            Request::GetStatus => Response::Status(self.status(now)),
+            Request::Scale { .. } => Response::Error(ErrorCode::Internal(
+                "scaling is the provisioner's, not the state's".into(),
+            )),
+            Request::Op { .. }
+            | Request::Replica { .. }
+            | Request::Subscribe
+            | Request::Attach { .. } => Response::Error(ErrorCode::Invalid(
+                "the manager serves no file operations".into(),
+            )),
+        };
+        (resp, false)
     }
 
     /// Starts draining `nodes` (scale-in): their partitions get copies on the other servers,

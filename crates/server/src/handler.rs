@@ -10,7 +10,7 @@
 //! there by `sync` too).
 
 use crate::node::{err, now, ok, stale, Answer, Installed, Node};
-use crate::peers::Peers;
+use crate::peers::{Net, Peers};
 use crate::purge;
 use crate::rename_lock::RenameLock;
 use crate::store::{Links, Store};
@@ -20,13 +20,14 @@ use crate::watch::{self, Watches};
 use bytes::Bytes;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tessera_placement::{Epoch, Ino, NodeId, PartitionId};
 use tessera_proto::{
     BufferPool, ClusterConfig, Conn, ErrorCode, Handler, NodeStats, Notice, Op, Reply, Request,
-    Response, RpcConfig, TableInfo, Watcher, RECALL_PATIENCE, RENAME_LEASE,
+    Response, TableInfo, Watcher, RECALL_PATIENCE, RENAME_LEASE,
 };
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 /// How long a primary keeps trying to reach a mirror before failing a change (the manager
@@ -36,7 +37,7 @@ const FORWARD_PATIENCE: Duration = Duration::from_secs(30);
 pub struct NodeHandler {
     node: NodeId,
     config: ClusterConfig,
-    pub(crate) store: Store,
+    pub store: Store,
     /// The table and the partitions this node holds in it.
     table: RwLock<Option<Arc<Installed>>>,
     /// Wakes the heartbeat task to fetch the table now.
@@ -91,7 +92,7 @@ impl NodeHandler {
         config: ClusterConfig,
         capacity: u64,
         pool: Arc<BufferPool>,
-        rpc: Arc<RpcConfig>,
+        net: Arc<dyn Net>,
     ) -> Self {
         Self {
             node,
@@ -101,7 +102,7 @@ impl NodeHandler {
             refresh: Notify::new(),
             installed: Notify::new(),
             load: AtomicU32::new(0),
-            peers: Peers::new(rpc),
+            peers: Peers::new(net),
             meta_locks: (0..config.partitions)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
@@ -486,6 +487,7 @@ impl NodeHandler {
                         return Ok(());
                     }
                     tokio::select! {
+                        biased;
                         answer = &mut call => break answer,
                         () = installed => {}
                     }
@@ -787,10 +789,12 @@ mod tests {
                 config,
                 1 << 30,
                 Arc::new(BufferPool::new(1 << 20, 4)),
-                Arc::new(RpcConfig::new(
-                    tessera_proto::Secret::new("s"),
-                    Arc::new(BufferPool::new(1 << 20, 4)),
-                )),
+                Arc::new(tessera_proto::Conns::new(Arc::new(
+                    tessera_proto::RpcConfig::new(
+                        tessera_proto::Secret::new("s"),
+                        Arc::new(BufferPool::new(1 << 20, 4)),
+                    ),
+                ))),
             ))),
             info,
         )

@@ -16,9 +16,10 @@ use send::Session;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tessera_placement::{Epoch, NodeId, PartitionId, PartitionTable};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tracing::warn;
 
 /// A fence that the table has not lifted by then is lifted anyway (the copy was abandoned).

@@ -11,9 +11,10 @@ use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tessera_placement::{Epoch, NodeId, PartitionId};
 use tessera_proto::{ErrorCode, Op, Request, Response};
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 /// Partitions received at once.
@@ -76,6 +77,7 @@ pub async fn run(h: Arc<impl Host>, manager: SocketAddr, rate: u64) {
             }
         }
         tokio::select! {
+            biased;
             () = woken => {}
             Some((p, changed, ok)) = finished.recv() => {
                 active.lock().unwrap_or_else(PoisonError::into_inner).remove(&p);
@@ -125,17 +127,12 @@ async fn copy(
         }
     };
     let epoch = h.epoch().unwrap_or(0);
-    let conn = h
-        .peers()
-        .get(manager)
-        .await
-        .map_err(|e| SyncError::Failed(format!("manager unreachable: {e}")))?;
     let req = Request::SyncDone {
         node: h.id(),
         partition: p,
         epoch,
     };
-    match conn.call(&req, bytes::Bytes::new()).await {
+    match h.peers().call_at(manager, &req).await {
         Ok((Response::Ok, _)) => {
             info!(partition = p, from = source, bytes, took = ?started.elapsed(), "partition copy complete");
             h.want_refresh();
@@ -213,13 +210,9 @@ async fn pull_round(
                 fence,
             },
         };
-        let conn = h
+        let (resp, data) = h
             .peers()
-            .get(addr)
-            .await
-            .map_err(|e| SyncError::Failed(format!("source node {source} unreachable: {e}")))?;
-        let (resp, data) = conn
-            .call(&req, bytes::Bytes::new())
+            .call_at(addr, &req)
             .await
             .map_err(|e| SyncError::Failed(format!("source node {source}: {e}")))?;
         match resp {

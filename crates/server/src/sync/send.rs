@@ -7,9 +7,9 @@ use crate::node::{err, now, stale, Answer, Installed};
 use crate::store::{lock, Delta, Snapshot};
 use bytes::BytesMut;
 use std::sync::Arc;
-use std::time::Instant;
 use tessera_placement::{Epoch, NodeId, PartitionId};
 use tessera_proto::{ErrorCode, Reply, Response, SyncItem};
+use tokio::time::Instant;
 
 /// A sync page carries at most this many stripe bytes, or this many items.
 const PAGE_BYTES: usize = 16 << 20;
