@@ -24,6 +24,8 @@ mod namespace;
 mod options;
 mod path;
 mod route;
+#[cfg(feature = "sim")]
+pub mod sim;
 
 pub use error::{Error, Result};
 pub use file::File;
