@@ -86,6 +86,9 @@ impl Model {
                 self.manager_epoch
             ));
         }
+        if epoch != self.manager_epoch {
+            c.net.log.table(&info);
+        }
         self.manager_epoch = epoch;
         let parts = info.config.partitions;
         let live = |node| {

@@ -36,6 +36,9 @@ pub struct Options {
     pub workload: Duration,
     /// Keep every delivery in the log (a replay), not only the events.
     pub verbose: bool,
+    /// Whether the nemesis restarts the manager (off by default: a restarted manager can adopt
+    /// an older table than it published, docs/SEMANTICS.md).
+    pub manager_restarts: bool,
 }
 
 impl Default for Options {
@@ -47,6 +50,7 @@ impl Default for Options {
             clients: 2,
             workload: Duration::from_secs(8),
             verbose: false,
+            manager_restarts: false,
         }
     }
 }
@@ -87,6 +91,18 @@ impl Log {
         self.hash(&what);
         let line = format!("{} {what}", self.stamp());
         lock(&self.lines).push(line);
+    }
+
+    /// A table the manager published (verbose only: it is in the deliveries' hash already).
+    pub fn table(&self, info: &tessera_proto::TableInfo) {
+        if self.verbose {
+            let t = &info.table;
+            let parts: Vec<String> = (0..t.partitions())
+                .map(|p| format!("{p}:{:?}+{:?}", t.replicas(p), t.all_incoming()[p as usize]))
+                .collect();
+            let line = format!("{} table {} {}", self.stamp(), t.epoch(), parts.join(" "));
+            lock(&self.lines).push(line);
+        }
     }
 
     /// A message delivered.
@@ -472,7 +488,7 @@ async fn nemesis(run: Arc<Run>, until: Instant) -> Result<(), String> {
                 f.lose_answer = 30;
                 c.net.log.event(format!("answers lost for {lasting:?}"));
             }
-            7 => {
+            7 if run.opts.manager_restarts => {
                 c.kill_manager();
                 tokio::time::sleep(Duration::from_millis(run.rand(0, 3000))).await;
                 c.start_manager();
