@@ -6,7 +6,7 @@
 //!
 //! Copies are throttled (`sync_rate` bytes per second per node) so foreground I/O goes on.
 
-use super::Host;
+use super::{Host, FENCE_TIMEOUT};
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -28,6 +28,8 @@ const MAX_ROUNDS: u32 = 6;
 /// pause, this many times at most.
 const STALE_RETRIES: u32 = 400;
 const STALE_PAUSE: Duration = Duration::from_millis(5);
+/// A copy reported complete asks for the table this often until it shows the promotion.
+const PROMOTION_POLL: Duration = Duration::from_millis(50);
 
 #[derive(Debug, thiserror::Error)]
 enum SyncError {
@@ -40,8 +42,9 @@ enum SyncError {
 /// Runs forever: starts the copies the current table asks of this node.
 pub async fn run(h: Arc<impl Host>, manager: SocketAddr, rate: u64) {
     let active: Arc<Mutex<HashSet<PartitionId>>> = Arc::default();
-    // Copies reported done, by the partition's change epoch then: not started again while the
-    // table still shows them incoming (the manager's next epoch is on its way).
+    // Copies reported complete, by the partition's change epoch when their task ended: not
+    // started again while the table still shows them incoming at that epoch, as starting a
+    // copy clears the partition (if `promoted` gave up, the promotion may yet come).
     let mut done: HashMap<PartitionId, Epoch> = HashMap::new();
     // Each copy task sends one message, and at most `PARALLEL` tasks run (a partition leaves
     // `active` only once its message is received): the channel never holds more, and a send
@@ -61,7 +64,7 @@ pub async fn run(h: Arc<impl Host>, manager: SocketAddr, rate: u64) {
                     continue;
                 }
                 act.insert(p);
-                let (h, tx, changed) = (h.clone(), tx.clone(), table.changed(p));
+                let (h, tx) = (h.clone(), tx.clone());
                 tokio::spawn(async move {
                     h.copies().syncing.fetch_add(1, Ordering::Relaxed);
                     let ok = match copy(&*h, p, manager, rate / PARALLEL as u64).await {
@@ -72,6 +75,7 @@ pub async fn run(h: Arc<impl Host>, manager: SocketAddr, rate: u64) {
                         }
                     };
                     h.copies().syncing.fetch_sub(1, Ordering::Relaxed);
+                    let changed = h.table().map_or(0, |t| t.info.table.changed(p));
                     let _ = tx.send((p, changed, ok)).await;
                 });
             }
@@ -135,7 +139,7 @@ async fn copy(
     match h.peers().call_at(manager, &req).await {
         Ok((Response::Ok, _)) => {
             info!(partition = p, from = source, bytes, took = ?started.elapsed(), "partition copy complete");
-            h.want_refresh();
+            promoted(h, p).await;
             Ok(())
         }
         Ok((other, _)) => {
@@ -144,7 +148,42 @@ async fn copy(
                 "the manager declined the copy: {other:?}"
             )))
         }
+        // The manager may have promoted the copy and its answer got lost: only the table
+        // tells, and starting the copy again would clear a replica.
+        Err(e) if promoted(h, p).await => {
+            info!(
+                partition = p,
+                "partition copy complete (the manager's answer was lost: {e})"
+            );
+            Ok(())
+        }
         Err(e) => Err(SyncError::Failed(format!("manager unreachable: {e}"))),
+    }
+}
+
+/// Waits, at most [`FENCE_TIMEOUT`], until this node installs a table that no longer shows
+/// its copy of `p` incoming (the manager publishes the promotion before it answers). Until
+/// then tables may still show it incoming, even with `p` changed by another copy's
+/// promotion, and the copy must not be started again: that would clear what the manager has
+/// just made a replica. Returns whether the copy was promoted.
+async fn promoted(h: &impl Host, p: PartitionId) -> bool {
+    let deadline = Instant::now() + FENCE_TIMEOUT;
+    loop {
+        let woken = h.installed().notified();
+        if let Some(t) = h.table() {
+            if !t.info.table.receives(h.id(), p) {
+                return t.info.table.holds(h.id(), p);
+            }
+        }
+        if Instant::now() >= deadline {
+            warn!(
+                partition = p,
+                "the table did not promote a copy reported complete"
+            );
+            return false;
+        }
+        h.want_refresh();
+        let _ = tokio::time::timeout(PROMOTION_POLL, woken).await;
     }
 }
 
