@@ -310,6 +310,14 @@ impl NodeHandler {
             let h = self.clone();
             return Reply::Later(Box::pin(async move {
                 tokio::time::sleep(h.fault_delay).await;
+                // Checked again: a table installed meanwhile may have promoted a copy and
+                // lifted the fence that kept this write off the partition.
+                let Some(t) = h.table() else {
+                    return err(ErrorCode::NotReady("no partition table".into()));
+                };
+                if let Err(e) = h.check(&t, epoch, part) {
+                    return err(e);
+                }
                 h.apply(&t.held, p, op, payload)
             }));
         }
