@@ -881,6 +881,57 @@ mod tests {
         );
     }
 
+    /// Two copies of one partition fence it for their last rounds: the promotion of one leaves
+    /// the partition fenced until the other is settled too, so no write is acknowledged without
+    /// a copy the manager is about to promote.
+    #[tokio::test]
+    async fn a_partition_stays_fenced_until_each_of_its_copies_is_settled() {
+        let (h, mut info) = handler(1);
+        info.nodes.push(NodeAddr {
+            id: 3,
+            addr: "127.0.0.4:1".parse().unwrap(),
+        });
+        let p = (0..P).find(|&p| info.table.primary(p) == Some(1)).unwrap();
+        let step = |info: &TableInfo, replicas: &[NodeId], incoming: &[NodeId]| {
+            let (mut r, mut i) = (
+                info.table.all().to_vec(),
+                info.table.all_incoming().to_vec(),
+            );
+            r[p as usize] = replicas.to_vec();
+            i[p as usize] = incoming.to_vec();
+            let mut next = info.clone();
+            next.table = info.table.next(r, i).unwrap();
+            next
+        };
+        let both = step(&info, &[1], &[2, 3]);
+        h.0.install(both.clone());
+        let epoch = both.table.epoch();
+        for node in [2, 3] {
+            for (round, fence) in [(0, false), (1, true)] {
+                let pull = Request::Op {
+                    epoch,
+                    op: Op::SyncPull {
+                        partition: p,
+                        node,
+                        round,
+                        from: 0,
+                        fence,
+                    },
+                };
+                let resp = match h.handle(&Conn::default(), pull, Bytes::new()) {
+                    Reply::Now(resp, _) => resp,
+                    Reply::Later(a) | Reply::Detached(a) => a.await.0,
+                };
+                assert!(matches!(resp, Response::SyncPage { .. }), "{resp:?}");
+            }
+        }
+        let first = step(&both, &[1, 2], &[3]);
+        h.0.install(first.clone());
+        assert!(h.0.store.is_fenced(p), "node 3's last round is not settled");
+        h.0.install(step(&first, &[1, 2, 3], &[]));
+        assert!(!h.0.store.is_fenced(p));
+    }
+
     /// A table of another partition count, or naming a node without an address, is refused.
     #[test]
     fn a_table_that_does_not_fit_the_cluster_is_not_installed() {
