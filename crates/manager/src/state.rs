@@ -101,7 +101,15 @@ pub struct State {
     /// Recovering a running cluster from the tables its servers hold (this manager was
     /// restarted): until then the table is not changed, so no epoch is published twice.
     recovering_until: Option<Instant>,
+    /// The newest epoch any server reported (in a claim or a heartbeat), even one
+    /// that is not this manager's: the next table is numbered above it, so no epoch is
+    /// published twice with other contents after a restart.
+    seen: Epoch,
 }
+
+/// The low bits of an epoch count within one manager's life; a restarted manager publishes
+/// from the next multiple of `GENERATION + 1`.
+const GENERATION: Epoch = u32::MAX as Epoch;
 
 impl State {
     #[must_use]
@@ -122,6 +130,7 @@ impl State {
             policy: None,
             awaiting: None,
             recovering_until: None,
+            seen: 0,
         }
     }
 
@@ -264,12 +273,20 @@ impl State {
         incoming: Vec<Vec<NodeId>>,
     ) -> Result<Epoch, ErrorCode> {
         let nodes = self.live_addrs();
+        let seen = self.seen;
         let info = self
             .table
             .as_mut()
             .ok_or_else(|| ErrorCode::Internal("no partition table yet".into()))?;
+        // A server holds a table this manager does not know (a restart adopted an older one):
+        // go past it, with every partition changed.
+        let base = if seen > info.table.epoch() {
+            info.table.renumbered(seen + 1)
+        } else {
+            info.table.clone()
+        };
         // A planner bug must not take the manager down: keep the old table and say so.
-        let next = info.table.next(replicas, incoming).map_err(|e| {
+        let next = base.next(replicas, incoming).map_err(|e| {
             warn!("refusing an inconsistent next table: {e}");
             ErrorCode::Internal(format!("inconsistent next table: {e}"))
         })?;
@@ -374,6 +391,7 @@ impl State {
             return Err(ErrorCode::Invalid("a server must offer some memory".into()));
         }
         let epoch = claim.table.epoch();
+        self.seen = self.seen.max(epoch);
         let adopt = match (&self.table, self.recovering_until) {
             (None, _) => true,
             (Some(t), Some(_)) => epoch > t.table.epoch(),
@@ -430,7 +448,7 @@ impl State {
     }
 
     /// The end of a recovery: re-plans without the servers of the table that did not come
-    /// back, and with those that joined meanwhile.
+    /// back, and with those that joined meanwhile, in a new generation of epochs.
     fn recovered(&mut self, now: Instant) -> Option<Epoch> {
         self.recovering_until = None;
         self.reap(now);
@@ -444,11 +462,11 @@ impl State {
             new = live.difference(&listed).count(),
             "the cluster is recovered"
         );
-        if live == listed {
-            None
-        } else {
-            self.replan("recovered")
-        }
+        // The previous manager may have published tables no server installed yet (a client
+        // may hold one): this one's epochs go on from the next generation, above any of them.
+        // The re-plan also replaces the adopted goal, which is just what the table lists.
+        self.seen = self.seen.max(info.table.epoch()) | GENERATION;
+        self.replan("recovered")
     }
 
     /// A server's heartbeat. Returns the current epoch (the server fetches a newer table), or
@@ -461,6 +479,7 @@ impl State {
         stats: NodeStats,
         now: Instant,
     ) -> Result<Beat, ErrorCode> {
+        self.seen = self.seen.max(stats.epoch);
         if self.retired.contains(&node) {
             return Ok(Beat::Retired);
         }
@@ -699,8 +718,14 @@ impl State {
         &self.goal
     }
 
-    /// The table, or why there is none yet.
+    /// The table to hand out, or why there is none: none while recovering, as the one
+    /// adopted so far may be older than one a server still holds.
     pub fn table_info(&self) -> Result<&TableInfo, ErrorCode> {
+        if self.recovering_until.is_some() {
+            return Err(ErrorCode::NotReady(
+                "the manager is recovering the cluster from its servers' tables".into(),
+            ));
+        }
         self.table.as_ref().ok_or_else(|| {
             ErrorCode::NotReady(format!(
                 "waiting for servers: {} of {} joined",
@@ -1079,6 +1104,8 @@ mod tests {
         // Node 1 claims with an older table, node 2 with the newest: the newest is kept.
         assert_eq!(s.rejoin(1, addr(2), 1 << 30, None, stale, t0), Ok(1));
         assert_eq!(s.table().unwrap().table.epoch(), e - 1);
+        // Not handed out while recovering: a newer table may yet be claimed.
+        assert!(matches!(s.table_info(), Err(ErrorCode::NotReady(_))));
         assert_eq!(s.rejoin(2, addr(3), 1 << 30, None, held.clone(), t0), Ok(2));
         assert_eq!(s.table(), Some(&held));
         assert_eq!(
@@ -1113,7 +1140,7 @@ mod tests {
         beat(&mut s, [1, 2, 3], t0 + 2 * SEC);
         assert_eq!(table(&s).epoch(), e);
         // At the end of the recovery the table is re-planned once, epochs going on.
-        assert_eq!(s.tick(t0 + 2 * SEC), Some(e + 1));
+        assert_eq!(s.tick(t0 + 2 * SEC), Some((e | GENERATION) + 2));
         assert!((0..64).any(|p| table(&s).receives(4, p)));
         // The recovery is over: late claims are refused.
         assert_eq!(
@@ -1122,6 +1149,21 @@ mod tests {
         );
         sync_all(&mut s, t0 + 2 * SEC);
         assert!(table(&s).all().iter().all(|l| l.len() == 2));
+        // A server reports a table this manager never saw: the next one goes past it, with
+        // every partition changed.
+        let ahead = table(&s).epoch() + 10;
+        let stats = NodeStats {
+            epoch: ahead,
+            ..NodeStats::default()
+        };
+        assert_eq!(
+            s.heartbeat(7, addr(8), stats, t0 + 2 * SEC),
+            Err(ErrorCode::NotFound)
+        );
+        s.register(addr(8), 1 << 30, None, t0 + 2 * SEC).unwrap();
+        let t = table(&s);
+        assert!(t.epoch() > ahead);
+        assert!((0..64).all(|p| t.changed(p) > ahead));
     }
 
     #[test]
@@ -1148,7 +1190,7 @@ mod tests {
         assert_eq!(s.rejoin(1, addr(2), 1 << 30, None, held.clone(), t0), Ok(1));
         assert_eq!(s.rejoin(2, addr(3), 1 << 30, None, held, t0), Ok(2));
         beat(&mut s, [1, 2], t0 + 2 * SEC);
-        assert_eq!(s.tick(t0 + 2 * SEC), Some(e + 1));
+        assert_eq!(s.tick(t0 + 2 * SEC), Some((e | GENERATION) + 2));
         let t = table(&s);
         assert!(!t.nodes().contains(&3));
         assert!(

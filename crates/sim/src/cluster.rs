@@ -93,7 +93,7 @@ impl Cluster {
         let t = m
             .manager
             .as_ref()
-            .and_then(|(s, _)| lock(s).table().cloned());
+            .and_then(|(s, _)| lock(s).table_info().ok().cloned());
         if let Some(t) = &t {
             m.last_table = Some(t.clone());
         }
