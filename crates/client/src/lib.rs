@@ -25,6 +25,8 @@ mod namespace;
 mod options;
 mod path;
 mod route;
+#[cfg(feature = "sim")]
+pub mod sim;
 mod trace;
 
 pub use error::{Error, Result};

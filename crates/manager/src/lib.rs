@@ -11,7 +11,7 @@ pub mod state;
 use bytes::Bytes;
 use policy::{Decision, Policy};
 use provision::{ProvisionSpec, Provisioner};
-use state::{Beat, State};
+use state::State;
 
 /// Servers one scale request may add (each is a process or a provisioning command).
 const MAX_ADD: u32 = 256;
@@ -173,75 +173,17 @@ impl Handler for ManagerHandler {
     fn handle(&self, _: &Conn, req: Request, _payload: Bytes) -> Reply {
         let now = Instant::now();
         let resp = match req {
-            Request::Register {
-                addr,
-                capacity,
-                label,
-            } => {
-                let mut st = self.shared.lock();
-                match st.register(addr, capacity, label, now) {
-                    Ok((node, built)) => {
-                        if built {
-                            tokio::spawn(create_root(self.shared.clone(), self.rpc.clone()));
-                        }
-                        Response::Registered {
-                            node,
-                            config: st.config,
-                        }
-                    }
-                    Err(e) => Response::Error(e),
-                }
-            }
-            Request::Rejoin {
-                node,
-                addr,
-                capacity,
-                label,
-                table,
-            } => {
-                let mut st = self.shared.lock();
-                match st.rejoin(node, addr, capacity, label, table, now) {
-                    Ok(node) => Response::Registered {
-                        node,
-                        config: st.config,
-                    },
-                    Err(e) => Response::Error(e),
-                }
-            }
-            Request::Heartbeat { node, addr, stats } => {
-                match self.shared.lock().heartbeat(node, addr, stats, now) {
-                    Ok(Beat::Epoch(epoch)) => Response::HeartbeatAck { epoch },
-                    Ok(Beat::Retired) => Response::Retired,
-                    Err(e) => Response::Error(e),
-                }
-            }
-            Request::GetTable => match self.shared.lock().table_info() {
-                Ok(t) => Response::Table(t.clone()),
-                Err(e) => Response::Error(e),
-            },
-            Request::SyncDone {
-                node,
-                partition,
-                epoch,
-            } => match self.shared.lock().sync_done(node, partition, epoch, now) {
-                // Published before answering: the server fetches the new table next.
-                Ok(_) => Response::Ok,
-                Err(e) => {
-                    warn!(node, partition, epoch, "sync completion refused: {e}");
-                    Response::Error(e)
-                }
-            },
-            Request::GetStatus => Response::Status(self.shared.lock().status(now)),
             Request::Scale { add, remove } => match self.shared.scale(add, &remove, now) {
                 Ok(()) => Response::Ok,
                 Err(e) => Response::Error(e),
             },
-            Request::Op { .. }
-            | Request::Replica { .. }
-            | Request::Subscribe
-            | Request::Attach { .. } => Response::Error(ErrorCode::Invalid(
-                "the manager serves no file operations".into(),
-            )),
+            req => {
+                let (resp, built) = self.shared.lock().answer(req, now);
+                if built {
+                    tokio::spawn(create_root(self.shared.clone(), self.rpc.clone()));
+                }
+                resp
+            }
         };
         Reply::Now(resp, Bytes::new())
     }

@@ -18,9 +18,12 @@ use tessera_placement::{
     PartitionTable,
 };
 use tessera_proto::{
-    ClusterConfig, ClusterStatus, ErrorCode, NodeAddr, NodeStats, NodeStatus, TableInfo,
+    ClusterConfig, ClusterStatus, ErrorCode, NodeAddr, NodeStats, NodeStatus, Request, Response,
+    TableInfo,
 };
 use tracing::{info, warn};
+
+mod recovery;
 
 #[derive(Debug, Clone)]
 pub struct Member {
@@ -100,6 +103,10 @@ pub struct State {
     /// Recovering a running cluster from the tables its servers hold (this manager was
     /// restarted): until then the table is not changed, so no epoch is published twice.
     recovering_until: Option<Instant>,
+    /// The newest epoch any server reported (in a claim or a heartbeat), even one
+    /// that is not this manager's: the next table is numbered above it, so no epoch is
+    /// published twice with other contents after a restart.
+    seen: Epoch,
 }
 
 impl State {
@@ -121,6 +128,7 @@ impl State {
             policy: None,
             awaiting: None,
             recovering_until: None,
+            seen: 0,
         }
     }
 
@@ -263,12 +271,20 @@ impl State {
         incoming: Vec<Vec<NodeId>>,
     ) -> Result<Epoch, ErrorCode> {
         let nodes = self.live_addrs();
+        let seen = self.seen;
         let info = self
             .table
             .as_mut()
             .ok_or_else(|| ErrorCode::Internal("no partition table yet".into()))?;
+        // A server holds a table this manager does not know (a restart adopted an older one):
+        // go past it, with every partition changed.
+        let base = if seen > info.table.epoch() {
+            info.table.renumbered(seen + 1)
+        } else {
+            info.table.clone()
+        };
         // A planner bug must not take the manager down: keep the old table and say so.
-        let next = info.table.next(replicas, incoming).map_err(|e| {
+        let next = base.next(replicas, incoming).map_err(|e| {
             warn!("refusing an inconsistent next table: {e}");
             ErrorCode::Internal(format!("inconsistent next table: {e}"))
         })?;
@@ -348,108 +364,6 @@ impl State {
         Ok((id, true))
     }
 
-    /// A server this manager does not know claims its place with the table it holds. A
-    /// manager without a table (restarted) adopts the newest table claimed and recovers the
-    /// cluster from it: for one dead-node time it takes the claims of the servers in it and
-    /// changes nothing, then re-plans without those that did not come back (see
-    /// [`State::tick`]). Servers that registered afresh before the first claim held nothing;
-    /// they are forgotten, to join again under ids that do not collide with the table's.
-    pub fn rejoin(
-        &mut self,
-        node: NodeId,
-        addr: SocketAddr,
-        capacity: u64,
-        label: Option<String>,
-        claim: TableInfo,
-        now: Instant,
-    ) -> Result<NodeId, ErrorCode> {
-        if claim.config != self.config {
-            return Err(ErrorCode::Invalid(format!(
-                "the server's cluster ({:?}) is not this manager's ({:?})",
-                claim.config, self.config
-            )));
-        }
-        if capacity == 0 {
-            return Err(ErrorCode::Invalid("a server must offer some memory".into()));
-        }
-        let epoch = claim.table.epoch();
-        let adopt = match (&self.table, self.recovering_until) {
-            (None, _) => true,
-            (Some(t), Some(_)) => epoch > t.table.epoch(),
-            (Some(_), None) => false,
-        };
-        if adopt {
-            self.adopt(claim, now);
-        }
-        if let Some(m) = self.members.iter().find(|m| m.id == node && !m.dead) {
-            // A repeated claim (its answer was lost) is answered again.
-            return if m.addr == addr {
-                Ok(node)
-            } else {
-                Err(ErrorCode::NotFound)
-            };
-        }
-        let listed = self
-            .table
-            .as_ref()
-            .is_some_and(|t| t.nodes.iter().any(|n| n.id == node && n.addr == addr));
-        if !listed || self.recovering_until.is_none() {
-            return Err(ErrorCode::NotFound);
-        }
-        self.next_id = self.next_id.max(node.saturating_add(1));
-        self.members
-            .push(Member::new(node, addr, capacity, label, now));
-        info!(node, %addr, epoch, "a server of the running cluster rejoined");
-        Ok(node)
-    }
-
-    /// Takes `claim` as the cluster's table, to recover from.
-    fn adopt(&mut self, claim: TableInfo, now: Instant) {
-        let t = &claim.table;
-        info!(
-            epoch = t.epoch(),
-            servers = claim.nodes.len(),
-            "recovering a running cluster from the table its servers hold"
-        );
-        let listed: BTreeSet<(NodeId, SocketAddr)> =
-            claim.nodes.iter().map(|n| (n.id, n.addr)).collect();
-        // Told `NotFound` at their next beat, they join again as new nodes.
-        self.members.retain(|m| listed.contains(&(m.id, m.addr)));
-        self.goal = t
-            .all()
-            .iter()
-            .zip(t.all_incoming())
-            .map(|(r, i)| r.iter().chain(i).copied().collect())
-            .collect();
-        let top = listed.iter().map(|&(id, _)| id).max().unwrap_or(0);
-        self.next_id = self.next_id.max(top.saturating_add(1));
-        self.table = Some(claim);
-        self.recovering_until
-            .get_or_insert(now + self.heartbeat_timeout);
-    }
-
-    /// The end of a recovery: re-plans without the servers of the table that did not come
-    /// back, and with those that joined meanwhile.
-    fn recovered(&mut self, now: Instant) -> Option<Epoch> {
-        self.recovering_until = None;
-        self.reap(now);
-        let info = self.table.as_ref()?;
-        let live: BTreeSet<NodeId> = self.live_weights().iter().map(|w| w.node).collect();
-        let listed: BTreeSet<NodeId> = info.nodes.iter().map(|n| n.id).collect();
-        info!(
-            epoch = info.table.epoch(),
-            back = live.intersection(&listed).count(),
-            of = listed.len(),
-            new = live.difference(&listed).count(),
-            "the cluster is recovered"
-        );
-        if live == listed {
-            None
-        } else {
-            self.replan("recovered")
-        }
-    }
-
     /// A server's heartbeat. Returns the current epoch (the server fetches a newer table), or
     /// that it was retired. A server already declared dead is answered `NotFound`: it must
     /// restart to rejoin.
@@ -460,6 +374,7 @@ impl State {
         stats: NodeStats,
         now: Instant,
     ) -> Result<Beat, ErrorCode> {
+        self.seen = self.seen.max(stats.epoch);
         if self.retired.contains(&node) {
             return Ok(Beat::Retired);
         }
@@ -475,6 +390,72 @@ impl State {
         m.last_seen = now;
         m.stats = stats;
         Ok(Beat::Epoch(self.table.as_ref().map(|t| t.table.epoch())))
+    }
+
+    /// The answer to a request from a server or a client, and whether a registration built the
+    /// first table (the root directory is to be made). `Scale` needs the provisioner: the
+    /// caller answers it.
+    pub fn answer(&mut self, req: Request, now: Instant) -> (Response, bool) {
+        let resp = match req {
+            Request::Register {
+                addr,
+                capacity,
+                label,
+            } => match self.register(addr, capacity, label, now) {
+                Ok((node, built)) => {
+                    let config = self.config;
+                    return (Response::Registered { node, config }, built);
+                }
+                Err(e) => Response::Error(e),
+            },
+            Request::Rejoin {
+                node,
+                addr,
+                capacity,
+                label,
+                table,
+            } => match self.rejoin(node, addr, capacity, label, table, now) {
+                Ok(node) => Response::Registered {
+                    node,
+                    config: self.config,
+                },
+                Err(e) => Response::Error(e),
+            },
+            Request::Heartbeat { node, addr, stats } => {
+                match self.heartbeat(node, addr, stats, now) {
+                    Ok(Beat::Epoch(epoch)) => Response::HeartbeatAck { epoch },
+                    Ok(Beat::Retired) => Response::Retired,
+                    Err(e) => Response::Error(e),
+                }
+            }
+            Request::GetTable => match self.table_info() {
+                Ok(t) => Response::Table(t.clone()),
+                Err(e) => Response::Error(e),
+            },
+            Request::SyncDone {
+                node,
+                partition,
+                epoch,
+            } => match self.sync_done(node, partition, epoch, now) {
+                // Published before answering: the server fetches the new table next.
+                Ok(_) => Response::Ok,
+                Err(e) => {
+                    warn!(node, partition, epoch, "sync completion refused: {e}");
+                    Response::Error(e)
+                }
+            },
+            Request::GetStatus => Response::Status(self.status(now)),
+            Request::Scale { .. } => Response::Error(ErrorCode::Internal(
+                "scaling is the provisioner's, not the state's".into(),
+            )),
+            Request::Op { .. }
+            | Request::Replica { .. }
+            | Request::Subscribe
+            | Request::Attach { .. } => Response::Error(ErrorCode::Invalid(
+                "the manager serves no file operations".into(),
+            )),
+        };
+        (resp, false)
     }
 
     /// Starts draining `nodes` (scale-in): their partitions get copies on the other servers,
@@ -632,8 +613,14 @@ impl State {
         &self.goal
     }
 
-    /// The table, or why there is none yet.
+    /// The table to hand out, or why there is none: none while recovering, as the one
+    /// adopted so far may be older than one a server still holds.
     pub fn table_info(&self) -> Result<&TableInfo, ErrorCode> {
+        if self.recovering_until.is_some() {
+            return Err(ErrorCode::NotReady(
+                "the manager is recovering the cluster from its servers' tables".into(),
+            ));
+        }
         self.table.as_ref().ok_or_else(|| {
             ErrorCode::NotReady(format!(
                 "waiting for servers: {} of {} joined",
@@ -747,6 +734,7 @@ const PROVISION_PATIENCE: Duration = Duration::from_secs(60);
 
 #[cfg(test)]
 mod tests {
+    use super::recovery::GENERATION;
     use super::*;
 
     fn cfg() -> ClusterConfig {
@@ -1008,6 +996,8 @@ mod tests {
         // Node 1 claims with an older table, node 2 with the newest: the newest is kept.
         assert_eq!(s.rejoin(1, addr(2), 1 << 30, None, stale, t0), Ok(1));
         assert_eq!(s.table().unwrap().table.epoch(), e - 1);
+        // Not handed out while recovering: a newer table may yet be claimed.
+        assert!(matches!(s.table_info(), Err(ErrorCode::NotReady(_))));
         assert_eq!(s.rejoin(2, addr(3), 1 << 30, None, held.clone(), t0), Ok(2));
         assert_eq!(s.table(), Some(&held));
         assert_eq!(
@@ -1042,7 +1032,7 @@ mod tests {
         beat(&mut s, [1, 2, 3], t0 + 2 * SEC);
         assert_eq!(table(&s).epoch(), e);
         // At the end of the recovery the table is re-planned once, epochs going on.
-        assert_eq!(s.tick(t0 + 2 * SEC), Some(e + 1));
+        assert_eq!(s.tick(t0 + 2 * SEC), Some((e | GENERATION) + 2));
         assert!((0..64).any(|p| table(&s).receives(4, p)));
         // The recovery is over: late claims are refused.
         assert_eq!(
@@ -1051,6 +1041,21 @@ mod tests {
         );
         sync_all(&mut s, t0 + 2 * SEC);
         assert!(table(&s).all().iter().all(|l| l.len() == 2));
+        // A server reports a table this manager never saw: the next one goes past it, with
+        // every partition changed.
+        let ahead = table(&s).epoch() + 10;
+        let stats = NodeStats {
+            epoch: ahead,
+            ..NodeStats::default()
+        };
+        assert_eq!(
+            s.heartbeat(7, addr(8), stats, t0 + 2 * SEC),
+            Err(ErrorCode::NotFound)
+        );
+        s.register(addr(8), 1 << 30, None, t0 + 2 * SEC).unwrap();
+        let t = table(&s);
+        assert!(t.epoch() > ahead);
+        assert!((0..64).all(|p| t.changed(p) > ahead));
     }
 
     #[test]
@@ -1077,7 +1082,7 @@ mod tests {
         assert_eq!(s.rejoin(1, addr(2), 1 << 30, None, held.clone(), t0), Ok(1));
         assert_eq!(s.rejoin(2, addr(3), 1 << 30, None, held, t0), Ok(2));
         beat(&mut s, [1, 2], t0 + 2 * SEC);
-        assert_eq!(s.tick(t0 + 2 * SEC), Some(e + 1));
+        assert_eq!(s.tick(t0 + 2 * SEC), Some((e | GENERATION) + 2));
         let t = table(&s);
         assert!(!t.nodes().contains(&3));
         assert!(

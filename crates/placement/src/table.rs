@@ -145,6 +145,20 @@ impl PartitionTable {
         })
     }
 
+    /// This table's lists at a later `epoch`, every partition stamped as changed then: tables
+    /// this one does not know of may lie between the two (a restarted manager's), so a
+    /// request routed with any of them must be refused as stale.
+    #[must_use]
+    pub fn renumbered(&self, epoch: Epoch) -> Self {
+        let epoch = epoch.max(self.epoch);
+        Self {
+            epoch,
+            replicas: self.replicas.clone(),
+            incoming: self.incoming.clone(),
+            changed: vec![epoch; self.replicas.len()],
+        }
+    }
+
     #[must_use]
     pub fn epoch(&self) -> Epoch {
         self.epoch

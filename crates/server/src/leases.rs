@@ -12,7 +12,9 @@
 //! [`Op::InodeRevoke`]: tessera_proto::Op::InodeRevoke
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock, which a simulation pauses and advances (the caller gives it).
+use tokio::time::Instant;
 
 /// Holders remembered as expired, so that a late renewal learns its handles were let go.
 const EXPIRED_MAX: usize = 4096;

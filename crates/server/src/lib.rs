@@ -6,6 +6,9 @@
 //!
 //! Modules use one another one way: `handler` uses `sync` and `purge`, which see the server
 //! only through the traits of `node` ([`node::Node`], `sync::Host`, `purge::Host`).
+//!
+//! A server reaches others through a [`Net`] (TCP, or a simulated network: [`start_on`]) and
+//! measures time with tokio's clock, which a simulation pauses and advances.
 
 pub mod handler;
 mod leases;
@@ -20,12 +23,13 @@ pub mod watch;
 
 use handler::{NodeHandler, Service};
 use node::Node;
+pub use peers::Net;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_placement::NodeId;
 use tessera_proto::{
-    BufferPool, ClusterConfig, ErrorCode, Request, Response, RpcClient, RpcConfig, RpcError, Secret,
+    BufferPool, ClusterConfig, Conns, ErrorCode, Request, Response, RpcConfig, RpcError, Secret,
 };
 use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
@@ -117,6 +121,7 @@ pub enum Ended {
 pub struct RunningServer {
     addr: SocketAddr,
     node: NodeId,
+    service: Arc<Service>,
     tasks: tokio::task::JoinSet<Ended>,
 }
 
@@ -129,6 +134,11 @@ impl RunningServer {
     pub fn node(&self) -> NodeId {
         self.node
     }
+    /// Where its requests are handled (a simulated network delivers them here).
+    #[must_use]
+    pub fn service(&self) -> &Arc<Service> {
+        &self.service
+    }
     /// Runs until the server stops, and says why.
     pub async fn wait(mut self) -> Ended {
         match self.tasks.join_next().await {
@@ -140,9 +150,9 @@ impl RunningServer {
 
 async fn register(
     opts: &ServerOptions,
-    rpc: &RpcConfig,
+    net: &dyn Net,
     addr: SocketAddr,
-) -> Result<(RpcClient, NodeId, ClusterConfig), ServerError> {
+) -> Result<(NodeId, ClusterConfig), ServerError> {
     let deadline = tokio::time::Instant::now() + REGISTER_PATIENCE;
     let req = Request::Register {
         addr,
@@ -150,15 +160,10 @@ async fn register(
         label: opts.label.clone(),
     };
     loop {
-        let attempt = async {
-            let conn = RpcClient::connect(opts.manager, rpc).await?;
-            let (resp, _) = conn.call(&req, bytes::Bytes::new()).await?;
-            Ok::<_, RpcError>((conn, resp))
-        };
-        match attempt.await {
-            Ok((conn, Response::Registered { node, config })) => return Ok((conn, node, config)),
-            Ok((_, Response::Error(e))) => return Err(ServerError::Rejected(e.to_string())),
-            Ok((_, other)) => {
+        match net.call(opts.manager, &req).await {
+            Ok((Response::Registered { node, config }, _)) => return Ok((node, config)),
+            Ok((Response::Error(e), _)) => return Err(ServerError::Rejected(e.to_string())),
+            Ok((other, _)) => {
                 return Err(ServerError::Rejected(format!(
                     "unexpected answer {other:?}"
                 )))
@@ -198,16 +203,53 @@ pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
     let addr = opts.advertise.unwrap_or(bound);
     // Registration happens before the stripe size is known: its pool is sized for small frames.
     let probe = RpcConfig::new(opts.secret.clone(), Arc::new(BufferPool::new(64 << 10, 4)));
-    let (manager, node, config) = register(&opts, &probe, addr).await?;
-    info!(node, %addr, capacity = opts.capacity, "registered with the manager");
-
-    let stripe = config.stripe_size as usize;
-    let stripes = |bytes: usize| (bytes / stripe.max(1)).max(1);
-    let pool = Arc::new(BufferPool::new(stripe, stripes(POOL_BYTES)));
-    let keep_quiet = stripes(POOL_KEEP_QUIET_BYTES);
+    let (node, config) = register(&opts, &Conns::new(Arc::new(probe)), addr).await?;
+    let pool = stripe_pool(config);
     let rpc = Arc::new(RpcConfig::new(opts.secret.clone(), pool.clone()));
+    let net = Arc::new(Conns::new(rpc.clone()));
+    let mut server = launch(opts, addr, node, config, pool, net);
+    let serving = tessera_proto::serve(listener, rpc, server.service.clone());
+    server.tasks.spawn(failed_at_end(serving));
+    Ok(server)
+}
+
+/// [`start`] over another network than TCP (a simulation): registers through `net`, as `addr`,
+/// and starts the background work; the caller delivers requests to
+/// [`RunningServer::service`].
+pub async fn start_on(
+    opts: ServerOptions,
+    addr: SocketAddr,
+    net: Arc<dyn Net>,
+) -> Result<RunningServer, ServerError> {
+    let (node, config) = register(&opts, &*net, addr).await?;
+    let pool = stripe_pool(config);
+    Ok(launch(opts, addr, node, config, pool, net))
+}
+
+/// The pool of stripe buffers of a cluster with `config`.
+fn stripe_pool(config: ClusterConfig) -> Arc<BufferPool> {
+    let stripe = config.stripe_size as usize;
+    Arc::new(BufferPool::new(stripe, stripes(stripe, POOL_BYTES)))
+}
+
+/// Whole stripes in `bytes`, at least one.
+fn stripes(stripe: usize, bytes: usize) -> usize {
+    (bytes / stripe.max(1)).max(1)
+}
+
+/// A registered server's handler and tasks: buffer trimming, copies, purges, heartbeats.
+fn launch(
+    opts: ServerOptions,
+    addr: SocketAddr,
+    node: NodeId,
+    config: ClusterConfig,
+    pool: Arc<BufferPool>,
+    net: Arc<dyn Net>,
+) -> RunningServer {
+    info!(node, %addr, capacity = opts.capacity, "registered with the manager");
+    let keep_quiet = stripes(config.stripe_size as usize, POOL_KEEP_QUIET_BYTES);
     let handler = Arc::new(
-        NodeHandler::new(node, config, opts.capacity, pool.clone(), rpc.clone())
+        NodeHandler::new(node, config, opts.capacity, pool.clone(), net)
             .with_fault_delay(opts.fault_delay),
     );
     let mut tasks = tokio::task::JoinSet::new();
@@ -220,8 +262,6 @@ pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
             }
         }
     });
-    let serving = tessera_proto::serve(listener, rpc.clone(), Arc::new(Service(handler.clone())));
-    tasks.spawn(failed_at_end(serving));
     tasks.spawn(failed_at_end(sync::run(
         handler.clone(),
         opts.manager,
@@ -229,8 +269,14 @@ pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
     )));
     tasks.spawn(failed_at_end(purge::run(handler.clone())));
     tasks.spawn(failed_at_end(handler.clone().run_leases()));
-    tasks.spawn(heartbeat(handler, manager, opts, rpc, addr));
-    Ok(RunningServer { addr, node, tasks })
+    let service = Arc::new(Service(handler.clone()));
+    tasks.spawn(heartbeat(handler, opts, addr));
+    RunningServer {
+        addr,
+        node,
+        service,
+        tasks,
+    }
 }
 
 /// A task that should run for the server's life: its end is a failure.
@@ -241,12 +287,7 @@ async fn failed_at_end(task: impl std::future::Future<Output = ()>) -> Ended {
 
 /// Claims this node's place at a manager that does not know it (restarted), with the table
 /// this node holds. Whether the manager took it back (`None`: no answer, ask again later).
-async fn rejoin(
-    h: &NodeHandler,
-    c: &RpcClient,
-    opts: &ServerOptions,
-    addr: SocketAddr,
-) -> Option<bool> {
+async fn rejoin(h: &NodeHandler, opts: &ServerOptions, addr: SocketAddr) -> Option<bool> {
     let Some(table) = h.table().map(|t| t.info.clone()) else {
         return Some(false);
     };
@@ -257,7 +298,7 @@ async fn rejoin(
         label: opts.label.clone(),
         table,
     };
-    match c.call(&req, bytes::Bytes::new()).await {
+    match h.peers().call_at(opts.manager, &req).await {
         Ok((Response::Registered { node, .. }, _)) if node == h.id() => {
             info!(node, "rejoined a restarted manager");
             Some(true)
@@ -273,16 +314,9 @@ async fn rejoin(
     }
 }
 
-/// Reports statistics every `heartbeat` and installs newer tables; reconnects to the manager
-/// whenever it has to, until the manager retires or forgets this node.
-async fn heartbeat(
-    handler: Arc<NodeHandler>,
-    manager: RpcClient,
-    opts: ServerOptions,
-    rpc: Arc<RpcConfig>,
-    addr: SocketAddr,
-) -> Ended {
-    let mut conn = Some(manager);
+/// Reports statistics every `heartbeat` and installs newer tables, until the manager retires
+/// or forgets this node (the connection to the manager is remade whenever it breaks).
+async fn heartbeat(handler: Arc<NodeHandler>, opts: ServerOptions, addr: SocketAddr) -> Ended {
     let mut reachable = true;
     loop {
         let pause = if handler.copies.expire_fences(&handler.store) {
@@ -291,31 +325,25 @@ async fn heartbeat(
             opts.heartbeat
         };
         tokio::select! {
+            biased;
             () = tokio::time::sleep(pause) => {}
             () = handler.refresh_wanted() => {}
         }
-        if conn.as_ref().is_none_or(RpcClient::is_closed) {
-            conn = match RpcClient::connect(opts.manager, &rpc).await {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    // Serving goes on meanwhile; said once, not at every beat.
-                    if std::mem::replace(&mut reachable, false) {
-                        warn!("manager unreachable ({e}): serving with the table held");
-                    }
-                    continue;
-                }
-            };
-            if !std::mem::replace(&mut reachable, true) {
-                info!("manager reachable again");
-            }
-        }
-        let Some(c) = conn.as_ref() else { continue };
         let hb = Request::Heartbeat {
             node: handler.id(),
             addr,
             stats: handler.stats(),
         };
-        let epoch = match c.call(&hb, bytes::Bytes::new()).await {
+        let answer = handler.peers().call_at(opts.manager, &hb).await;
+        match &answer {
+            // Serving goes on meanwhile; said once, not at every beat.
+            Err(e) if std::mem::replace(&mut reachable, false) => {
+                warn!("manager unreachable ({e}): serving with the table held");
+            }
+            Ok(_) if !std::mem::replace(&mut reachable, true) => info!("manager reachable again"),
+            _ => {}
+        }
+        let epoch = match answer {
             Ok((Response::HeartbeatAck { epoch }, _)) => epoch,
             Ok((Response::Retired, _)) => {
                 info!("drained and retired by the manager: exiting");
@@ -323,7 +351,7 @@ async fn heartbeat(
                 return Ended::Retired;
             }
             Ok((Response::Error(ErrorCode::NotFound), _)) => {
-                match rejoin(&handler, c, &opts, addr).await {
+                match rejoin(&handler, &opts, addr).await {
                     Some(true) | None => continue,
                     Some(false) => {}
                 }
@@ -334,13 +362,14 @@ async fn heartbeat(
                 warn!("unexpected heartbeat answer {other:?}");
                 continue;
             }
-            Err(e) => {
-                warn!("heartbeat failed: {e}");
-                continue;
-            }
+            Err(_) => continue,
         };
         if epoch.is_some() && epoch != handler.epoch() {
-            match c.call(&Request::GetTable, bytes::Bytes::new()).await {
+            match handler
+                .peers()
+                .call_at(opts.manager, &Request::GetTable)
+                .await
+            {
                 Ok((Response::Table(info), _)) => handler.install(info),
                 Ok((other, _)) => warn!("could not fetch the table: {other:?}"),
                 Err(e) => warn!("could not fetch the table: {e}"),

@@ -21,10 +21,11 @@ use crate::node::Node;
 use crate::store::lock;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tessera_placement::{Ino, NodeId};
 use tessera_proto::{ErrorCode, Op, Request, Response, TableInfo};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 /// Files per drop request.
@@ -113,13 +114,13 @@ pub trait Host: Node {
 
 /// Drops queued files until the server stops.
 pub async fn run(h: Arc<impl Host>) {
-    let mut last: Option<tokio::time::Instant> = None;
+    let mut last: Option<Instant> = None;
     loop {
         h.queue().wake.notified().await;
         if let Some(at) = last {
             tokio::time::sleep_until(at + GATHER).await;
         }
-        last = Some(tokio::time::Instant::now());
+        last = Some(Instant::now());
         send_queued(&*h).await;
     }
 }

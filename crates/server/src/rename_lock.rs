@@ -11,9 +11,10 @@
 //! [`Op::RenameLock`]: tessera_proto::Op::RenameLock
 
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tessera_proto::RENAME_LEASE;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 /// How often a waiter looks again even if not woken (a holder's lease may run out).
 const POLL: Duration = Duration::from_millis(50);

@@ -29,9 +29,10 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tessera_placement::PartitionId;
 use tessera_proto::{ErrorCode, FileKind, Ino, Name, Notice, Op, Response, Watcher};
+use tokio::time::Instant;
 
 /// Promises one node keeps at most (a few tens of bytes each).
 pub const MAX_PROMISES: usize = 1 << 20;

@@ -36,12 +36,16 @@ use bytes::Bytes;
 use read::NodeLoad;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
-use table::{lists, lists_anywhere, Manager, FAILOVER_POLL, SUSPECT_AFTER};
+use std::time::Duration;
+pub(crate) use table::Manager;
+use table::{lists, lists_anywhere, FAILOVER_POLL, SUSPECT_AFTER};
 use tessera_placement::{NodeId, PartitionId};
 use tessera_proto::{BufferPool, Conns, ErrorCode, NoticeSink, Op, Request, Response, TableInfo};
+use tokio::time::Instant;
 use tracing::debug;
-use transport::{Reply, Transport};
+pub(crate) use transport::{Reply, Transport};
+#[cfg(feature = "sim")]
+pub(crate) use {table::ManagerCall, transport::Answer};
 
 /// Attempts for one request before giving up (stale epochs, a cluster still settling).
 const MAX_ATTEMPTS: u32 = 40;
@@ -74,7 +78,12 @@ impl Router {
 }
 
 impl<T: Transport> Router<T> {
-    fn new(manager: Manager, info: TableInfo, transport: T, failover_timeout: Duration) -> Self {
+    pub(crate) fn new(
+        manager: Manager,
+        info: TableInfo,
+        transport: T,
+        failover_timeout: Duration,
+    ) -> Self {
         Self {
             manager,
             transport,

@@ -12,9 +12,10 @@ use crate::{Error, Result};
 use bytes::Bytes;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tessera_placement::{Ino, NodeId};
 use tessera_proto::{Op, Request, Response, RpcError, Sink, Waiter};
+use tokio::time::Instant;
 use tracing::debug;
 
 /// Weight of a new latency sample in a node's moving average.
@@ -346,7 +347,7 @@ impl<T: Transport> Router<T> {
             .chain(self.load_of(node).load(Instant::now()).latency)
             .min_by(f64::total_cmp);
         let late = sent + choose::hedge_after(len, best, LATENCY_UNIT);
-        if let Ok(done) = tokio::time::timeout_at(late.into(), &mut first).await {
+        if let Ok(done) = tokio::time::timeout_at(late, &mut first).await {
             return done;
         }
         self.load_of(node).record(sent.elapsed(), len);
@@ -364,6 +365,7 @@ impl<T: Transport> Router<T> {
         };
         tokio::pin!(second);
         tokio::select! {
+            biased;
             r = &mut first => match r? {
                 Ok(b) => Ok(Ok(b)),
                 Err(_) => second.await,

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tessera_placement::{
     meta_partition, stripe_partition, Epoch, Ino, NodeId, PartitionId, PartitionTable,
 };
@@ -17,6 +17,7 @@ use tessera_proto::{
     BufferPool, ClusterConfig, ClusterStatus, ErrorCode, Notice, Request, Response, RpcClient,
     RpcConfig, TableInfo,
 };
+use tokio::time::Instant;
 use tracing::debug;
 
 /// How often the table is fetched again while waiting for the manager to declare an unreachable
@@ -101,11 +102,17 @@ pub(super) fn lists_anywhere(table: &PartitionTable, node: NodeId) -> bool {
         .any(|l| l.contains(&node))
 }
 
+/// A call to the manager by other means than its RPC connection (a simulated network).
+pub(crate) type ManagerCall =
+    Arc<dyn Fn(Request) -> futures::future::BoxFuture<'static, Result<Response>> + Send + Sync>;
+
 /// The connection to the manager, remade when it breaks.
 pub(crate) struct Manager {
     addr: SocketAddr,
     rpc: Arc<RpcConfig>,
     conn: tokio::sync::Mutex<Option<Arc<RpcClient>>>,
+    /// Taken instead of `conn` when set.
+    via: Option<ManagerCall>,
 }
 
 impl Manager {
@@ -155,6 +162,16 @@ impl Manager {
             addr,
             rpc,
             conn: tokio::sync::Mutex::new(conn),
+            via: None,
+        }
+    }
+
+    /// A manager reached through `via` instead of a connection.
+    #[cfg(feature = "sim")]
+    pub(crate) fn via(addr: SocketAddr, rpc: Arc<RpcConfig>, via: ManagerCall) -> Self {
+        Self {
+            via: Some(via),
+            ..Self::new(addr, rpc, None)
         }
     }
 
@@ -164,6 +181,9 @@ impl Manager {
     }
 
     async fn call(&self, req: &Request) -> Result<Response> {
+        if let Some(via) = &self.via {
+            return via(req.clone()).await;
+        }
         let mut guard = self.conn.lock().await;
         for _ in 0..2 {
             let conn = match guard.as_ref() {

@@ -8,9 +8,10 @@ use super::{backoff, kept_changing, retryable, unexpected, Router, MAX_ATTEMPTS}
 use crate::lane::{Lane, Sent};
 use crate::{Error, Result};
 use bytes::Bytes;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tessera_placement::{NodeId, PartitionId};
 use tessera_proto::{ErrorCode, Op, Request, Response, RpcError};
+use tokio::time::Instant;
 use tracing::debug;
 
 /// Waits before a stripe write refused for want of space is tried again: deleted files give

@@ -6,9 +6,9 @@ use crate::node::{err, ok, stale, Answer, Installed, Node};
 use crate::store::lock;
 use bytes::Bytes;
 use std::sync::Arc;
-use std::time::Instant;
 use tessera_placement::{Epoch, Ino};
 use tessera_proto::{ErrorCode, Op, Reply, Response};
+use tokio::time::Instant;
 use tracing::{debug, info};
 
 impl NodeHandler {

@@ -9,27 +9,29 @@
 //! [`crate::sync`] pulling snapshots and deltas from the primary ([`Op::SyncPull`], answered
 //! there by `sync` too).
 
+mod apply;
 mod leases;
 
 use crate::leases::Leases;
 use crate::node::{err, now, ok, stale, Answer, Installed, Node};
-use crate::peers::Peers;
+use crate::peers::{Net, Peers};
 use crate::purge;
 use crate::rename_lock::RenameLock;
-use crate::store::{lock, Links, Store};
+use crate::store::{lock, Store};
 use crate::sync::{self, Copies};
 use crate::valid;
 use crate::watch::{self, Watches};
 use bytes::Bytes;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tessera_placement::{Epoch, Ino, NodeId, PartitionId};
 use tessera_proto::{
     BufferPool, ClusterConfig, Conn, ErrorCode, Handler, NodeStats, Notice, Op, Reply, Request,
-    Response, RpcConfig, TableInfo, Watcher, RECALL_PATIENCE, RENAME_LEASE,
+    Response, TableInfo, Watcher, RECALL_PATIENCE, RENAME_LEASE,
 };
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 /// How long a primary keeps trying to reach a mirror before failing a change (the manager
@@ -39,7 +41,7 @@ const FORWARD_PATIENCE: Duration = Duration::from_secs(30);
 pub struct NodeHandler {
     node: NodeId,
     config: ClusterConfig,
-    pub(crate) store: Store,
+    pub store: Store,
     /// The table and the partitions this node holds in it.
     table: RwLock<Option<Arc<Installed>>>,
     /// Wakes the heartbeat task to fetch the table now.
@@ -101,7 +103,7 @@ impl NodeHandler {
         config: ClusterConfig,
         capacity: u64,
         pool: Arc<BufferPool>,
-        rpc: Arc<RpcConfig>,
+        net: Arc<dyn Net>,
     ) -> Self {
         Self {
             node,
@@ -111,7 +113,7 @@ impl NodeHandler {
             refresh: Notify::new(),
             installed: Notify::new(),
             load: AtomicU32::new(0),
-            peers: Peers::new(rpc),
+            peers: Peers::new(net),
             meta_locks: (0..config.partitions)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
@@ -337,6 +339,14 @@ impl NodeHandler {
             let h = self.clone();
             return Reply::Later(Box::pin(async move {
                 tokio::time::sleep(h.fault_delay).await;
+                // Checked again: a table installed meanwhile may have promoted a copy and
+                // lifted the fence that kept this write off the partition.
+                let Some(t) = h.table() else {
+                    return err(ErrorCode::NotReady("no partition table".into()));
+                };
+                if let Err(e) = h.check(&t, epoch, part) {
+                    return err(e);
+                }
                 h.apply(&t.held, p, op, payload)
             }));
         }
@@ -514,6 +524,7 @@ impl NodeHandler {
                         return Ok(());
                     }
                     tokio::select! {
+                        biased;
                         answer = &mut call => break answer,
                         () = installed => {}
                     }
@@ -571,156 +582,6 @@ impl NodeHandler {
         }
         self.apply(&t.held, p, op, Bytes::new())
     }
-
-    fn apply(&self, held: &[PartitionId], p: PartitionId, op: Op, payload: Bytes) -> Answer {
-        let s = &self.store;
-        // A deleted file's stripes are dropped in the background by every copy of its inode's
-        // partition: the drop outlives the server that answered.
-        let links = |ino: Ino, (nlink, deleted): Links| {
-            if deleted {
-                self.purge.push(ino);
-            }
-            nlink
-        };
-        let result: Result<Answer, ErrorCode> = match op {
-            Op::WriteStripe {
-                file,
-                stripe,
-                offset,
-            } => s.write(p, file, stripe, offset, payload).map(|()| ok()),
-            Op::ReadStripe {
-                file,
-                stripe,
-                offset,
-                len,
-            } => s
-                .read(p, file, stripe, offset, len)
-                .map(|b| (Response::Ok, b)),
-            Op::TruncateStripes { file, size } => s.truncate(held, file, size).map(|()| ok()),
-            Op::DropFiles { files } => s.drop_files(held, &files).map(|()| ok()),
-            Op::InodeCreate { inode } => s.inode_create(p, inode).map(|()| ok()),
-            Op::InodeGet { ino } => s.inode_get(p, ino).map(inode),
-            Op::InodeSetAttr { ino, attr } => s.inode_setattr(p, ino, &attr).map(inode),
-            Op::InodeExtend { ino, size, mtime } => s.inode_extend(p, ino, size, mtime).map(inode),
-            Op::InodeRetract { ino, from, to } => s.inode_retract(p, ino, from, to).map(inode),
-            Op::InodeLink { ino, delta, ctime } => s
-                .inode_link(p, ino, delta, ctime)
-                .map(|l| answer_links(links(ino, l))),
-            Op::InodeOpen { ino, holder } => {
-                self.renewed(holder);
-                s.inode_open(p, ino, holder).map(inode)
-            }
-            Op::InodeClose { ino, holder } => {
-                self.renewed(holder);
-                s.inode_close(p, ino, holder, false)
-                    .map(|l| answer_links(links(ino, l)))
-            }
-            Op::InodeRevoke { ino, holder } => {
-                lock(&self.leases).expire(holder);
-                s.inode_close(p, ino, holder, true)
-                    .map(|l| answer_links(links(ino, l)))
-            }
-            Op::LeaseRenew { .. } => Err(ErrorCode::Invalid(
-                "a lease is renewed where it is asked for, not applied".into(),
-            )),
-            Op::InodeScan {
-                partition,
-                after,
-                limit,
-            } => s
-                .inode_scan(partition, after, limit)
-                .map(|(inodes, more)| (Response::Inodes { inodes, more }, Bytes::new())),
-            Op::InodeReclaim { ino, change, ctime } => {
-                s.inode_reclaim(p, ino, change, ctime).map(|l| {
-                    let reclaimed = l.map(|l| links(ino, l)).is_some();
-                    (Response::Reclaimed(reclaimed), Bytes::new())
-                })
-            }
-            Op::DirInsert {
-                dir,
-                name,
-                entry,
-                replace,
-                mtime,
-            } => s
-                .dir_insert(p, dir, name, entry, replace, mtime)
-                .map(|r| (Response::Replaced(r), Bytes::new())),
-            Op::DirRemove {
-                dir,
-                name,
-                expect,
-                want_dir,
-                mtime,
-            } => s
-                .dir_remove(p, dir, name, expect, want_dir, mtime)
-                .map(|e| (Response::Entry(e), Bytes::new())),
-            Op::DirUnlink { dir, name, mtime } => {
-                s.dir_unlink(p, dir, name, mtime).map(|(entry, l, dir)| {
-                    let resp = Response::Unlinked {
-                        entry,
-                        nlink: l.map(|l| links(entry.ino, l)),
-                        dir,
-                    };
-                    (resp, Bytes::new())
-                })
-            }
-            Op::DirLookup { dir, name } => s
-                .dir_lookup(p, dir, &name)
-                .map(|(entry, inode)| (Response::Found { entry, inode }, Bytes::new())),
-            Op::DirList { dir, after, limit } => s
-                .dir_list(p, dir, after, limit)
-                .map(|(entries, more)| (Response::Entries { entries, more }, Bytes::new())),
-            Op::DirRename {
-                dir,
-                from,
-                to,
-                replace,
-                replace_dir,
-                mtime,
-            } => s
-                .dir_rename(p, dir, from, to, replace, replace_dir, mtime)
-                .map(|r| {
-                    let resp = Response::Renamed {
-                        moved: r.moved,
-                        ctime_set: r.ctime_set,
-                        replaced: r.replaced,
-                        nlink: r.replaced.zip(r.links).map(|(e, l)| links(e.ino, l)),
-                        dir: r.dir,
-                    };
-                    (resp, Bytes::new())
-                }),
-            Op::DirDestroy { dir } => s.dir_destroy(p, dir).map(|()| ok()),
-            Op::DirCreate {
-                dir,
-                name,
-                inode: file,
-                mtime,
-                holder,
-            } => {
-                if file.open_count > 0 {
-                    self.renewed(holder);
-                }
-                s.dir_create(p, dir, name, file.created_by(holder), mtime)
-                    .map(inode)
-            }
-            Op::NodeStats => Ok((Response::Stats(self.stats()), Bytes::new())),
-            Op::Relinquish { .. } => Err(ErrorCode::Invalid(
-                "a relinquished promise is answered where it is held, not applied".into(),
-            )),
-            Op::SyncPull { .. } => Err(ErrorCode::Invalid("a sync pull is not applied".into())),
-            Op::RenameLock { .. } | Op::RenameUnlock { .. } => Err(ErrorCode::Invalid(
-                "the rename lock is kept where it is asked for, not applied".into(),
-            )),
-        };
-        result.unwrap_or_else(err)
-    }
-}
-
-fn inode(i: tessera_proto::Inode) -> Answer {
-    (Response::Inode(i), Bytes::new())
-}
-fn answer_links(nlink: u32) -> Answer {
-    (Response::Links { nlink }, Bytes::new())
 }
 
 impl Node for NodeHandler {
@@ -846,10 +707,12 @@ mod tests {
                 config,
                 1 << 30,
                 Arc::new(BufferPool::new(1 << 20, 4)),
-                Arc::new(RpcConfig::new(
-                    tessera_proto::Secret::new("s"),
-                    Arc::new(BufferPool::new(1 << 20, 4)),
-                )),
+                Arc::new(tessera_proto::Conns::new(Arc::new(
+                    tessera_proto::RpcConfig::new(
+                        tessera_proto::Secret::new("s"),
+                        Arc::new(BufferPool::new(1 << 20, 4)),
+                    ),
+                ))),
             ))),
             info,
         )
@@ -926,6 +789,57 @@ mod tests {
             ),
             "{stats:?}"
         );
+    }
+
+    /// Two copies of one partition fence it for their last rounds: the promotion of one leaves
+    /// the partition fenced until the other is settled too, so no write is acknowledged without
+    /// a copy the manager is about to promote.
+    #[tokio::test]
+    async fn a_partition_stays_fenced_until_each_of_its_copies_is_settled() {
+        let (h, mut info) = handler(1);
+        info.nodes.push(NodeAddr {
+            id: 3,
+            addr: "127.0.0.4:1".parse().unwrap(),
+        });
+        let p = (0..P).find(|&p| info.table.primary(p) == Some(1)).unwrap();
+        let step = |info: &TableInfo, replicas: &[NodeId], incoming: &[NodeId]| {
+            let (mut r, mut i) = (
+                info.table.all().to_vec(),
+                info.table.all_incoming().to_vec(),
+            );
+            r[p as usize] = replicas.to_vec();
+            i[p as usize] = incoming.to_vec();
+            let mut next = info.clone();
+            next.table = info.table.next(r, i).unwrap();
+            next
+        };
+        let both = step(&info, &[1], &[2, 3]);
+        h.0.install(both.clone());
+        let epoch = both.table.epoch();
+        for node in [2, 3] {
+            for (round, fence) in [(0, false), (1, true)] {
+                let pull = Request::Op {
+                    epoch,
+                    op: Op::SyncPull {
+                        partition: p,
+                        node,
+                        round,
+                        from: 0,
+                        fence,
+                    },
+                };
+                let resp = match h.handle(&Conn::default(), pull, Bytes::new()) {
+                    Reply::Now(resp, _) => resp,
+                    Reply::Later(a) | Reply::Detached(a) => a.await.0,
+                };
+                assert!(matches!(resp, Response::SyncPage { .. }), "{resp:?}");
+            }
+        }
+        let first = step(&both, &[1, 2], &[3]);
+        h.0.install(first.clone());
+        assert!(h.0.store.is_fenced(p), "node 3's last round is not settled");
+        h.0.install(step(&first, &[1, 2, 3], &[]));
+        assert!(!h.0.store.is_fenced(p));
     }
 
     /// A table of another partition count, or naming a node without an address, is refused.

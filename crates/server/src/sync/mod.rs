@@ -10,15 +10,17 @@ mod send;
 pub use receive::run;
 pub(crate) use send::pull;
 
-use crate::node::Node;
+use crate::node::{stale, Node};
 use crate::store::{lock, Store};
 use send::Session;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
-use tessera_placement::{Epoch, NodeId, PartitionId, PartitionTable};
+use std::time::Duration;
+use tessera_placement::{NodeId, PartitionId, PartitionTable};
+use tessera_proto::ErrorCode;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tracing::warn;
 
 /// A fence that the table has not lifted by then is lifted anyway (the copy was abandoned).
@@ -38,8 +40,10 @@ pub trait Host: Node {
 #[derive(Default)]
 pub struct Copies {
     sessions: Mutex<HashMap<(PartitionId, NodeId), Session>>,
-    /// Partitions fenced for a copy's last round: the epoch they were fenced at, and when.
-    fences: Mutex<HashMap<PartitionId, (Epoch, Instant)>>,
+    /// Copies in their last round, by partition and receiver, and when their fence began: a
+    /// partition stays fenced while any of its copies is, so that no write is acknowledged
+    /// without a copy that the manager is about to promote.
+    fences: Mutex<HashMap<(PartitionId, NodeId), Instant>>,
     /// Partitions being received now.
     pub syncing: AtomicU32,
     /// Bytes received by copies, ever.
@@ -47,23 +51,25 @@ pub struct Copies {
 }
 
 impl Copies {
-    /// A new table is installed: lifts the fences it settled, and forgets the copies this node
-    /// (`me`) no longer sends.
+    /// A new table is installed: lifts the fences of the copies it settled (promoted, or no
+    /// longer wanted from this node), and forgets the copies this node (`me`) no longer sends.
+    /// Another copy of the same partition settling leaves a fence in place.
     pub(crate) fn table_installed(&self, store: &Store, table: &PartitionTable, me: NodeId) {
-        self.lift_fences(store, |p, at, _| table.changed(p) > at);
-        lock(&self.sessions)
-            .retain(|&(p, n), _| table.primary(p) == Some(me) && table.receives(n, p));
+        let sends = |p, n| table.primary(p) == Some(me) && table.receives(n, p);
+        self.lift_fences(store, |p, n, _| !sends(p, n));
+        lock(&self.sessions).retain(|&(p, n), _| sends(p, n));
     }
 
     /// Lifts fences the table never settled (an abandoned copy). Returns whether any remain:
     /// while some do, the table is worth polling often.
     pub fn expire_fences(&self, store: &Store) -> bool {
         let now = Instant::now();
-        self.lift_fences(store, |p, _, since| {
+        self.lift_fences(store, |p, n, since| {
             let expired = now.duration_since(since) > FENCE_TIMEOUT;
             if expired {
                 warn!(
                     partition = p,
+                    node = n,
                     "lifting a sync fence the table never settled"
                 );
             }
@@ -72,14 +78,38 @@ impl Copies {
         !lock(&self.fences).is_empty()
     }
 
-    fn lift_fences(&self, store: &Store, done: impl Fn(PartitionId, Epoch, Instant) -> bool) {
-        lock(&self.fences).retain(|&p, &mut (at, since)| {
-            if done(p, at, since) {
-                let _ = store.fence(p, false);
-                false
-            } else {
-                true
+    /// Fences partition `p` for `node`'s last round, if this node (`h`) still sends it that
+    /// copy. Checked under the fences' lock, so a table settling the copy cannot come between
+    /// the check and the fence and leave the fence up.
+    fn fence(&self, h: &impl Host, p: PartitionId, node: NodeId) -> Result<(), ErrorCode> {
+        let mut fences = lock(&self.fences);
+        let t = h
+            .table()
+            .ok_or_else(|| ErrorCode::NotReady("no partition table".into()))?;
+        let table = &t.info.table;
+        if table.primary(p) != Some(h.id()) || !table.receives(node, p) {
+            return Err(stale(table.epoch()));
+        }
+        h.store().fence(p, true)?;
+        fences.insert((p, node), Instant::now());
+        Ok(())
+    }
+
+    /// Ends the fences `done` says are over; a partition opens once none of its fences remain.
+    fn lift_fences(&self, store: &Store, done: impl Fn(PartitionId, NodeId, Instant) -> bool) {
+        let mut fences = lock(&self.fences);
+        let mut ended = Vec::new();
+        fences.retain(|&(p, n), &mut since| {
+            let over = done(p, n, since);
+            if over {
+                ended.push(p);
             }
+            !over
         });
+        for p in ended {
+            if !fences.keys().any(|&(q, _)| q == p) {
+                let _ = store.fence(p, false);
+            }
+        }
     }
 }

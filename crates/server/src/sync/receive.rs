@@ -6,14 +6,15 @@
 //!
 //! Copies are throttled (`sync_rate` bytes per second per node) so foreground I/O goes on.
 
-use super::Host;
-use std::collections::{HashMap, HashSet};
+use super::{Host, FENCE_TIMEOUT};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
-use tessera_placement::{Epoch, NodeId, PartitionId};
+use std::time::Duration;
+use tessera_placement::{NodeId, PartitionId};
 use tessera_proto::{ErrorCode, Op, Request, Response};
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 /// Partitions received at once.
@@ -27,6 +28,8 @@ const MAX_ROUNDS: u32 = 6;
 /// pause, this many times at most.
 const STALE_RETRIES: u32 = 400;
 const STALE_PAUSE: Duration = Duration::from_millis(5);
+/// A copy reported complete asks for the table this often until it shows the promotion.
+const PROMOTION_POLL: Duration = Duration::from_millis(50);
 
 #[derive(Debug, thiserror::Error)]
 enum SyncError {
@@ -39,28 +42,24 @@ enum SyncError {
 /// Runs forever: starts the copies the current table asks of this node.
 pub async fn run(h: Arc<impl Host>, manager: SocketAddr, rate: u64) {
     let active: Arc<Mutex<HashSet<PartitionId>>> = Arc::default();
-    // Copies reported done, by the partition's change epoch then: not started again while the
-    // table still shows them incoming (the manager's next epoch is on its way).
-    let mut done: HashMap<PartitionId, Epoch> = HashMap::new();
     // Each copy task sends one message, and at most `PARALLEL` tasks run (a partition leaves
     // `active` only once its message is received): the channel never holds more, and a send
     // never waits.
-    let (tx, mut finished) = tokio::sync::mpsc::channel::<(PartitionId, Epoch, bool)>(PARALLEL);
+    let (tx, mut finished) = tokio::sync::mpsc::channel::<(PartitionId, bool)>(PARALLEL);
     loop {
         let woken = h.installed().notified();
         if let Some(t) = h.table() {
             let table = &t.info.table;
-            done.retain(|&p, &mut at| table.receives(h.id(), p) && table.changed(p) == at);
             let mut act = active.lock().unwrap_or_else(PoisonError::into_inner);
             for p in 0..table.partitions() {
                 if act.len() >= PARALLEL {
                     break;
                 }
-                if !table.receives(h.id(), p) || act.contains(&p) || done.contains_key(&p) {
+                if !table.receives(h.id(), p) || act.contains(&p) {
                     continue;
                 }
                 act.insert(p);
-                let (h, tx, changed) = (h.clone(), tx.clone(), table.changed(p));
+                let (h, tx) = (h.clone(), tx.clone());
                 tokio::spawn(async move {
                     h.copies().syncing.fetch_add(1, Ordering::Relaxed);
                     let ok = match copy(&*h, p, manager, rate / PARALLEL as u64).await {
@@ -71,17 +70,16 @@ pub async fn run(h: Arc<impl Host>, manager: SocketAddr, rate: u64) {
                         }
                     };
                     h.copies().syncing.fetch_sub(1, Ordering::Relaxed);
-                    let _ = tx.send((p, changed, ok)).await;
+                    let _ = tx.send((p, ok)).await;
                 });
             }
         }
         tokio::select! {
+            biased;
             () = woken => {}
-            Some((p, changed, ok)) = finished.recv() => {
+            Some((p, ok)) = finished.recv() => {
                 active.lock().unwrap_or_else(PoisonError::into_inner).remove(&p);
-                if ok {
-                    done.insert(p, changed);
-                } else {
+                if !ok {
                     // Retried on a later table or after a pause, from scratch.
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
@@ -115,39 +113,64 @@ async fn copy(
         .ok_or_else(|| SyncError::Moved(format!("node {source} has no address")))?;
     drop(t);
     let started = Instant::now();
-    let _ = h.store().clear(p);
-    let result = rounds(h, p, source, addr, rate).await;
-    let bytes = match result {
-        Ok(b) => b,
-        Err(e) => {
-            let _ = h.store().clear(p);
-            return Err(e);
-        }
-    };
+    // Nothing is cleared here, nor when the copy fails: the first page clears what a former
+    // attempt left (`pull_round`), and a table without the copy drops it (`install`). So a
+    // node that cannot tell whether its copy was promoted never clears a replica by itself.
+    let bytes = rounds(h, p, source, addr, rate).await?;
     let epoch = h.epoch().unwrap_or(0);
-    let conn = h
-        .peers()
-        .get(manager)
-        .await
-        .map_err(|e| SyncError::Failed(format!("manager unreachable: {e}")))?;
     let req = Request::SyncDone {
         node: h.id(),
         partition: p,
         epoch,
     };
-    match conn.call(&req, bytes::Bytes::new()).await {
-        Ok((Response::Ok, _)) => {
+    match h.peers().call_at(manager, &req).await {
+        Ok((Response::Ok, _)) if promoted(h, p).await => {
             info!(partition = p, from = source, bytes, took = ?started.elapsed(), "partition copy complete");
-            h.want_refresh();
             Ok(())
         }
-        Ok((other, _)) => {
-            let _ = h.store().clear(p);
-            Err(SyncError::Moved(format!(
-                "the manager declined the copy: {other:?}"
-            )))
+        // A manager restarted since may have adopted a table without the promotion.
+        Ok((Response::Ok, _)) => Err(SyncError::Moved(
+            "the manager took the copy, but no table shows it promoted".into(),
+        )),
+        Ok((other, _)) => Err(SyncError::Moved(format!(
+            "the manager declined the copy: {other:?}"
+        ))),
+        // The manager may have promoted the copy and its answer got lost: only the table
+        // tells.
+        Err(e) if promoted(h, p).await => {
+            info!(
+                partition = p,
+                "partition copy complete (the manager's answer was lost: {e})"
+            );
+            Ok(())
         }
         Err(e) => Err(SyncError::Failed(format!("manager unreachable: {e}"))),
+    }
+}
+
+/// Waits, at most [`FENCE_TIMEOUT`], until this node installs a table that no longer shows
+/// its copy of `p` incoming (the manager publishes the promotion before it answers). Until
+/// then tables may still show it incoming, even with `p` changed by another copy's
+/// promotion, and the copy must not be started again: its first page would clear what the
+/// manager has just made a replica. Returns whether the copy was promoted.
+async fn promoted(h: &impl Host, p: PartitionId) -> bool {
+    let deadline = Instant::now() + FENCE_TIMEOUT;
+    loop {
+        let woken = h.installed().notified();
+        if let Some(t) = h.table() {
+            if !t.info.table.receives(h.id(), p) {
+                return t.info.table.holds(h.id(), p);
+            }
+        }
+        if Instant::now() >= deadline {
+            warn!(
+                partition = p,
+                "the table did not promote a copy reported complete"
+            );
+            return false;
+        }
+        h.want_refresh();
+        let _ = tokio::time::timeout(PROMOTION_POLL, woken).await;
     }
 }
 
@@ -213,17 +236,17 @@ async fn pull_round(
                 fence,
             },
         };
-        let conn = h
+        let (resp, data) = h
             .peers()
-            .get(addr)
-            .await
-            .map_err(|e| SyncError::Failed(format!("source node {source} unreachable: {e}")))?;
-        let (resp, data) = conn
-            .call(&req, bytes::Bytes::new())
+            .call_at(addr, &req)
             .await
             .map_err(|e| SyncError::Failed(format!("source node {source}: {e}")))?;
         match resp {
             Response::SyncPage { items, next } => {
+                if round == 0 && from == 0 {
+                    // A fresh copy: whatever a former attempt left goes.
+                    let _ = h.store().clear(p);
+                }
                 changes += items.len();
                 *bytes += data.len() as u64;
                 h.copies()

@@ -7,7 +7,6 @@ use crate::node::{err, now, stale, Answer, Installed};
 use crate::store::{lock, Delta, Snapshot};
 use bytes::BytesMut;
 use std::sync::Arc;
-use std::time::Instant;
 use tessera_placement::{Epoch, NodeId, PartitionId};
 use tessera_proto::{ErrorCode, Reply, Response, SyncItem};
 
@@ -50,7 +49,6 @@ pub(crate) fn pull(
     if from > 0 {
         return now(page(&**h, p, node, round, from));
     }
-    let fence_epoch = table.epoch();
     if !fence {
         return now(start_round(&**h, p, node, round));
     }
@@ -58,10 +56,9 @@ pub(crate) fn pull(
     let h = h.clone();
     Reply::Later(Box::pin(async move {
         let _one_at_a_time = h.meta_lock(p).lock().await;
-        if let Err(e) = h.store().fence(p, true) {
+        if let Err(e) = h.copies().fence(&*h, p, node) {
             return err(e);
         }
-        lock(&h.copies().fences).insert(p, (fence_epoch, Instant::now()));
         start_round(&*h, p, node, round)
     }))
 }
