@@ -2,7 +2,8 @@
 //! with SIGKILL during I/O, with mirrors, loses nothing, the cluster stays up, and a new server
 //! takes the dead one's place; a server stopped (SIGSTOP) past the dead-node time comes back
 //! as a new node and serves nothing stale; a killed manager is started again and recovers the
-//! cluster while I/O goes on. Needs root and /dev/fuse.
+//! cluster while I/O goes on; a mount killed with a file open holds it no longer than its
+//! lease. Needs root and /dev/fuse.
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
@@ -43,7 +44,12 @@ fn children_of(up: u32, role: &str) -> Vec<u32> {
             .and_then(|(_, rest)| rest.split_whitespace().nth(1))
             .and_then(|p| p.parse::<u32>().ok());
         let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-        let runs = cmdline.split(|b| *b == 0).nth(1) == Some(role.as_bytes());
+        // `tessera ROLE ...`, or `tessera --manager ADDR mount ...` for the mount.
+        let runs = cmdline
+            .split(|b| *b == 0)
+            .skip(1)
+            .take(3)
+            .any(|a| a == role.as_bytes());
         if parent == Some(up) && runs {
             pids.push(pid);
         }
@@ -330,4 +336,81 @@ fn a_killed_manager_is_started_again_and_recovers_the_cluster_while_io_goes_on()
         let back = std::fs::read(mnt.join(format!("f{n}"))).expect("read back");
         assert!(back == content(*n, len), "f{n} changed after the rebuild");
     }
+}
+
+/// Bytes held by the servers, as `status` reports them (0 while the manager does not answer).
+fn used(home: &Path) -> u64 {
+    status(home)["nodes"].as_array().map_or(0, |nodes| {
+        nodes
+            .iter()
+            .filter_map(|n| n["stats"]["used"].as_u64())
+            .sum()
+    })
+}
+
+#[test]
+fn a_mount_killed_with_a_file_open_holds_it_no_longer_than_its_lease() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let home = dir.path();
+    let mnt = home.join("mnt");
+    std::fs::create_dir(&mnt).expect("mount point");
+    let up = Up::start(
+        home,
+        &[
+            "--servers".as_ref(),
+            "2".as_ref(),
+            "--memory".as_ref(),
+            "256MiB".as_ref(),
+            "--open-lease".as_ref(),
+            "1s".as_ref(),
+            "--mount".as_ref(),
+            mnt.as_os_str(),
+        ],
+    );
+    const SIZE: u64 = 32 << 20;
+    std::fs::write(mnt.join("big"), content(7, SIZE as usize)).expect("write through the mount");
+    // A program keeps it open through the mount (the mount is the client holding the handle).
+    let mut holder = Command::new("bash")
+        .args(["-c", "exec 3<\"$1\"; exec sleep 600", "holder"])
+        .arg(mnt.join("big"))
+        .spawn()
+        .expect("holder");
+    wait_until("the holder's open", Duration::from_secs(10), || {
+        std::fs::read_link(format!("/proc/{}/fd/3", holder.id())).is_ok()
+    });
+    let rm = |what: &str| {
+        let out = Command::new(TESSERA)
+            .args(["rm", what])
+            .env("TESSERA_HOME", home)
+            .output()
+            .expect("tessera rm");
+        assert!(out.status.success(), "{out:?}");
+    };
+    rm("/big");
+    // Open on a live mount, which renews its lease: kept past several lease periods.
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        used(home) >= SIZE,
+        "an open file was deleted under its holder"
+    );
+
+    let mounts = children_of(up.0.id(), "mount");
+    assert_eq!(mounts.len(), 1, "one mount");
+    // SAFETY: signalling the test's own grandchild.
+    unsafe { libc::kill(mounts[0] as i32, libc::SIGKILL) };
+    // Its handle is let go once its lease runs out, and the unlinked file with it.
+    wait_until(
+        "the memory of the unlinked file back",
+        Duration::from_secs(60),
+        || used(home) < SIZE / 4,
+    );
+    let _ = holder.kill();
+    let _ = holder.wait();
+    // `up` mounts again, and the new mount works.
+    wait_until("a new mount", Duration::from_secs(60), || {
+        children_of(up.0.id(), "mount")
+            .iter()
+            .any(|&m| m != mounts[0])
+            && std::fs::write(mnt.join("after"), b"x").is_ok()
+    });
 }
