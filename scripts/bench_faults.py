@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_procs import children, drop_caches
+
 CHUNK = 64 << 20
 
 
@@ -43,27 +45,6 @@ def status(bin_: str, home: Path) -> dict[str, Any] | None:
         return parsed
     except json.JSONDecodeError:
         return None
-
-
-def children(up: int, role: str) -> list[int]:
-    pids = []
-    for e in Path("/proc").iterdir():
-        if not e.name.isdigit():
-            continue
-        try:
-            stat = (e / "stat").read_text()
-            cmd = (e / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == up and len(cmd) > 1 and cmd[1] == role.encode():
-            pids.append(int(e.name))
-    return pids
-
-
-def drop_caches() -> None:
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def read_all(files: list[Path]) -> float:

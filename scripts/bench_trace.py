@@ -31,12 +31,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from bench_procs import children, drop_caches
+
 WORKLOADS = ["write_1m", "read_1m", "randread_4k", "create", "stat"]
-
-
-def drop_caches() -> None:
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def fio(path: Path, *args: str) -> dict[str, Any]:
@@ -80,21 +77,6 @@ def cpu_ns(pids: list[int]) -> int:
             except (OSError, ValueError, IndexError):
                 pass
     return total
-
-
-def child(parent: int, role: str) -> int:
-    """The child process of `parent` running `tessera ROLE`."""
-    for e in Path("/proc").iterdir():
-        if not e.name.isdigit():
-            continue
-        try:
-            stat = (e / "stat").read_text()
-            cmd = (e / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and role.encode() in cmd[1:4]:
-            return int(e.name)
-    raise SystemExit(f"no {role} process under {parent}")
 
 
 def wait_for(what: str, within: float, cond: Callable[[], bool]) -> None:
@@ -147,7 +129,8 @@ def main() -> None:
             env=env, stdout=log, stderr=log,
         )
         wait_for("the second mount", 60, lambda: os.path.ismount(mnt2))
-        mounts = [child(up.pid, "mount"), second.pid]
+        mounts = [*children(up.pid, "mount"), second.pid]
+        assert len(mounts) == 2, mounts
         seq = mnt / "seq"
 
         def timed(w: str, mode: str, run: Callable[[], tuple[float, int]]) -> int:

@@ -3,7 +3,6 @@
 //! a [`Net`] in place of the connections to the servers and to the manager. No lanes, no
 //! subscriptions (promises and notices are not simulated).
 
-use crate::lane::{Lane, Sent};
 use crate::route::{Answer, Key, Manager, ManagerCall, Reply, Router, Transport};
 use crate::Result;
 use bytes::Bytes;
@@ -14,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tessera_placement::{Epoch, Ino, NodeId};
 use tessera_proto::{
-    BufferPool, NoticeSink, Op, Request, Response, RpcConfig, RpcError, Secret, Sink, TableInfo,
+    BufferPool, NoticeSink, Op, Request, Response, RpcConfig, Secret, Sink, TableInfo,
 };
 
 /// A simulated network as a client sees it.
@@ -75,17 +74,6 @@ impl<N: Net> Transport for Over<N> {
 
     fn notices(&self) -> Option<&NoticeSink> {
         None
-    }
-
-    async fn send_on_lane(
-        &self,
-        _lane: &Lane,
-        _node: NodeId,
-        _addr: SocketAddr,
-        _req: &Request,
-        _payload: &Bytes,
-    ) -> Result<Option<std::result::Result<Sent, RpcError>>> {
-        Ok(None)
     }
 }
 

@@ -4,7 +4,6 @@
 use super::table::{Key, Manager};
 use super::transport::{Answer, Reply, Transport};
 use super::Router;
-use crate::lane::{Lane, Sent};
 use crate::{Error, Result};
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -15,8 +14,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tessera_placement::{NodeId, PartitionTable};
 use tessera_proto::{
-    BufferPool, ClusterConfig, NodeAddr, NoticeSink, Op, Request, Response, RpcConfig, RpcError,
-    Secret, Sink, TableInfo,
+    BufferPool, ClusterConfig, NodeAddr, NoticeSink, Op, Request, Response, RpcConfig, Secret,
+    Sink, TableInfo,
 };
 
 const PARTITIONS: u32 = 4;
@@ -126,17 +125,6 @@ impl Transport for Memory {
 
     fn notices(&self) -> Option<&NoticeSink> {
         self.notices.get()
-    }
-
-    async fn send_on_lane(
-        &self,
-        _lane: &Lane,
-        _node: NodeId,
-        _addr: SocketAddr,
-        _req: &Request,
-        _payload: &Bytes,
-    ) -> Result<Option<std::result::Result<Sent, RpcError>>> {
-        Ok(None)
     }
 }
 
