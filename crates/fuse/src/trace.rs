@@ -31,8 +31,8 @@ pub const CONTROL_XATTR: &str = "user.tessera.trace";
 /// How long a thread's process (not its name) is taken as known: a thread id is reused only
 /// once its thread is gone, and the pids wrap slowly.
 const PROC_KNOWN_NS: u64 = 10_000_000_000;
-/// Threads whose process is remembered; past it the table starts over.
-const PROCS_MAX: usize = 4096;
+/// Threads whose process is remembered (each with a file open); past it the table starts over.
+const PROCS_MAX: usize = 1024;
 /// How long a thread's process name is taken as known: a process that execs keeps its pid
 /// and changes its name (a shell's child becoming `dd`). Opens, creates and the first read or
 /// write through a handle read it afresh.
@@ -97,6 +97,9 @@ struct Proc {
     read_ns: u64,
     pid: u32,
     exe: Option<Arc<[u8]>>,
+    /// `/proc/<pid>/comm`, kept open: the name is read again with one `pread` (a process that
+    /// execs keeps its pid, and the file shows its new name).
+    comm: Option<Arc<std::fs::File>>,
     /// The kernel's own (pid 0, or a kernel thread).
     kernel: bool,
 }
@@ -341,7 +344,7 @@ impl Active {
             // A thread's process and kind stay; only its name changes (an exec).
             Some(p) if !p.kernel && now.saturating_sub(p.read_ns) < PROC_KNOWN_NS => Proc {
                 read_ns: now,
-                exe: comm(p.pid),
+                exe: p.comm.as_deref().and_then(name).or(p.exe),
                 ..p
             },
             _ => read_proc(tid, now),
@@ -397,6 +400,7 @@ fn read_proc(tid: u32, now: u64) -> Proc {
             read_ns: now,
             pid: 0,
             exe: None,
+            comm: None,
             kernel: true,
         };
     }
@@ -417,24 +421,27 @@ fn read_proc(tid: u32, now: u64) -> Proc {
         .find_map(|l| l.strip_prefix("Tgid:"))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(tid);
+    let kernel = flags & PF_KTHREAD != 0;
+    let comm = (!kernel)
+        .then(|| std::fs::File::open(format!("/proc/{tgid}/comm")).ok())
+        .flatten()
+        .map(Arc::new);
     Proc {
         read_ns: now,
         pid: tgid,
-        exe: comm(tgid),
-        kernel: flags & PF_KTHREAD != 0,
+        exe: comm.as_deref().and_then(name),
+        comm,
+        kernel,
     }
 }
 
-/// The name of process `pid`.
-fn comm(pid: u32) -> Option<Arc<[u8]>> {
-    std::fs::read(format!("/proc/{pid}/comm"))
-        .ok()
-        .map(|mut c| {
-            if c.last() == Some(&b'\n') {
-                c.pop();
-            }
-            Arc::from(c)
-        })
+/// The process name `comm` (its `/proc/<pid>/comm`) shows now.
+fn name(comm: &std::fs::File) -> Option<Arc<[u8]>> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 64];
+    let n = comm.read_at(&mut buf, 0).ok()?;
+    let name = buf[..n].strip_suffix(b"\n").unwrap_or(&buf[..n]);
+    (!name.is_empty()).then(|| Arc::from(name))
 }
 
 /// A record begun: finished by the answer.
