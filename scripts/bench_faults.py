@@ -9,7 +9,11 @@ through the mount as files of 64 MiB. Then:
   `used`), so the restore rate per GiB; a sequential read runs during the rebuild;
 - kill -9 of the manager: the time until a manager answers again with all servers alive
   (`up` starts it after 1 s; the recovery window is one dead-node time), and a read loop's
-  longest stall meanwhile.
+  longest stall meanwhile;
+- SIGSTOP of the manager and kill -9 of a server together: a sequential read of everything
+  from the copies left, a new client (`tessera ls /`) started from the servers the cluster file
+  lists, and the time until `up` has replaced the silent manager and the cluster has two
+  copies of everything again.
 
 Prints one JSON object (and writes it to OUT if set).
 Usage: python3 scripts/bench_faults.py TESSERA_BIN SIZE_GIB DEAD_AFTER_S
@@ -25,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +50,15 @@ def status(bin_: str, home: Path) -> dict[str, Any] | None:
         return parsed
     except json.JSONDecodeError:
         return None
+
+
+def seeds(home: Path) -> list[str]:
+    """The servers the cluster file lists for clients to start from."""
+    try:
+        with open(home / "cluster.toml", "rb") as f:
+            return list(tomllib.load(f).get("seeds", []))
+    except (OSError, tomllib.TOMLDecodeError):
+        return []
 
 
 def read_all(files: list[Path]) -> float:
@@ -167,6 +181,25 @@ def main() -> None:
         result["read_stall_during_manager_restart_s"] = stall[0]
         after = status(bin_, home)
         result["epochs"] = [epoch, after["epoch"] if after else None]
+
+        # The manager hung (SIGSTOP) and a server killed with it: reads from the copies left,
+        # a new client started from the servers the cluster file lists, until `up` kills the
+        # silent manager (--manager-timeout, 10 s) and a new one rebuilds the cluster.
+        wait_for("four servers listed", 30, 0.1, lambda: len(seeds(home)) == 4)
+        wait_for("a healthy cluster", 600, 0.1, healthy)
+        (manager,) = children(up.pid, "manager")
+        victim = children(up.pid, "server")[0]
+        t0 = time.monotonic()
+        os.kill(manager, signal.SIGSTOP)
+        os.kill(victim, signal.SIGKILL)
+        drop_caches()
+        result["read_manager_hung_server_dead_gbps"] = read_all(files)
+        t = time.monotonic()
+        subprocess.run([bin_, "ls", "/"], env=env, check=True, capture_output=True)
+        result["new_client_manager_hung_s"] = time.monotonic() - t
+        result["manager_hung_read_window_s"] = time.monotonic() - t0
+        wait_for("a new manager, and two copies again", 600, 0.1, healthy)
+        result["manager_hung_to_healthy_s"] = time.monotonic() - t0
     finally:
         up.send_signal(signal.SIGINT)
         up.wait(timeout=60)

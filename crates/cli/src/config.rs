@@ -16,6 +16,9 @@ pub struct FileConfig {
     pub secret: Option<String>,
     /// The manager's HTTP admin API.
     pub http: Option<String>,
+    /// Servers of the cluster (`HOST:PORT`), which a client asks for the partition table
+    /// while the manager cannot be reached; `tessera up` keeps them current.
+    pub seeds: Option<Vec<String>>,
     #[serde(default)]
     pub cluster: ClusterSection,
     #[serde(default)]
@@ -58,7 +61,10 @@ pub fn load(explicit: Option<&Path>) -> Result<FileConfig> {
         return Ok(base);
     };
     let file = read(path, false)?;
+    // Servers are of the manager named beside them.
+    let same_cluster = file.manager.is_none() || file.manager == base.manager;
     Ok(FileConfig {
+        seeds: file.seeds.or(base.seeds.filter(|_| same_cluster)),
         manager: file.manager.or(base.manager),
         secret: file.secret.or(base.secret),
         http: file.http.or(base.http),
@@ -104,6 +110,16 @@ pub fn endpoint(
     Ok((addr(&manager, "manager")?, secret))
 }
 
+/// The servers a client asks for the table while the manager cannot be reached: those the
+/// configuration names beside the manager in use (none for a manager named by flag only).
+pub fn seeds(flag_manager: Option<&str>, cfg: &FileConfig) -> Result<Vec<SocketAddr>> {
+    if flag_manager.is_some_and(|m| cfg.manager.as_deref() != Some(m)) {
+        return Ok(Vec::new());
+    }
+    let seeds = cfg.seeds.as_deref().unwrap_or_default();
+    seeds.iter().map(|s| addr(s, "seed server")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,6 +146,33 @@ mod tests {
         let (a, s) = endpoint(Some("127.0.0.1:2"), None, &cfg).unwrap();
         assert_eq!((a.port(), s.as_str()), (2, "file"));
         assert!(endpoint(None, None, &FileConfig::default()).is_err());
+    }
+
+    #[test]
+    fn seeds_go_with_their_manager() {
+        let cfg = FileConfig {
+            manager: Some("127.0.0.1:1".into()),
+            seeds: Some(vec!["127.0.0.2:9".into()]),
+            ..FileConfig::default()
+        };
+        let port = |m| {
+            seeds(m, &cfg)
+                .unwrap()
+                .iter()
+                .map(|a| a.port())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(port(None), [9]);
+        assert_eq!(port(Some("127.0.0.1:1")), [9]);
+        assert!(
+            port(Some("127.0.0.1:2")).is_empty(),
+            "another cluster's servers"
+        );
+        let bad = FileConfig {
+            seeds: Some(vec!["nowhere".into()]),
+            ..cfg
+        };
+        assert!(seeds(None, &bad).is_err());
     }
 
     #[test]

@@ -456,6 +456,7 @@ async fn client(cli: &Cli, cfg: &config::FileConfig) -> Result<Client> {
     let (manager, secret) = config::endpoint(cli.manager.as_deref(), cli.secret.as_deref(), cfg)?;
     let mut opts = cli.client_options(manager, &secret);
     opts.ready_timeout = Duration::from_secs(10);
+    opts.seeds = config::seeds(cli.manager.as_deref(), cfg)?;
     Client::connect(opts)
         .await
         .with_context(|| format!("connecting to the cluster at {manager}"))

@@ -45,6 +45,10 @@ pub struct UpArgs {
     /// Start a server or the mount again when it dies (false: report it and go on without).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     respawn: bool,
+    /// A manager whose process runs but has not answered for this long (hung, stopped) is
+    /// killed, and started again if --respawn (e.g. 10s, 1m).
+    #[arg(long, default_value = "10s", value_parser = crate::parse_duration)]
+    manager_timeout: Duration,
 }
 
 /// The first restart of a process that died waits this long, each further one twice as long
@@ -176,10 +180,22 @@ impl Children {
 
     /// Watches the children of a running cluster, for ever. A server that exits cleanly was
     /// drained and retired by the manager (scale-in): it is let go. Any other death is
-    /// reported, and the process started again if `respawn`.
-    async fn supervise(&mut self, respawn: bool) {
+    /// reported, and the process started again if `respawn`. A manager that has not
+    /// answered (`heard`) for `patience` is killed, to die and be started again.
+    async fn supervise(&mut self, respawn: bool, heard: &Heard, patience: Duration) {
         loop {
             let now = Instant::now();
+            if let Some(m) = self.members.iter_mut().find(|m| m.role == Role::Manager) {
+                let silent = now.duration_since(heard.last().max(m.started));
+                if let Some(c) = m.child.as_mut().filter(|_| silent >= patience) {
+                    let why = format!("the manager has not answered for {silent:.0?}; killing it");
+                    tracing::warn!("{why}");
+                    eprintln!("{why}");
+                    let _ = c.start_kill();
+                    // Its death is seen below, once the kernel has reaped it.
+                    heard.now();
+                }
+            }
             let mut retired = Vec::new();
             for (i, m) in self.members.iter_mut().enumerate() {
                 let Some(Ok(Some(status))) = m.child.as_mut().map(Child::try_wait) else {
@@ -344,7 +360,14 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
         wait_mounted(dir, &mut children).await?;
     }
     let file = config::cluster_file();
-    write_cluster_file(&file, &manager, &http, &secret)?;
+    let listed = ClusterFile {
+        path: file.clone(),
+        manager: manager.clone(),
+        http: http.clone(),
+        secret: secret.clone(),
+    };
+    let mut seeds = live_servers(&client).await?;
+    listed.write(&seeds)?;
     let usage = client.usage().await?;
     println!(
         "Tessera is up: {servers} servers, {} of memory",
@@ -358,9 +381,11 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
     );
     println!("Try: tessera status; tessera cp -r ./data tessera:/data. Ctrl-C stops the cluster.");
 
+    let heard = Heard::new();
     let outcome = tokio::select! {
         r = crate::shutdown_signal() => r,
-        () = children.supervise(args.respawn) => Ok(()),
+        () = children.supervise(args.respawn, &heard, args.manager_timeout) => Ok(()),
+        r = listed.keep(&client, &heard, &mut seeds) => r,
     };
     eprintln!("stopping the cluster");
     children.stop().await;
@@ -395,58 +420,120 @@ async fn wait_mounted(dir: &std::path::Path, children: &mut Children) -> Result<
     bail!("{} was not mounted within 30 s", dir.display())
 }
 
-/// Writes the cluster file so that no other user can read the secret at any moment: a new file
-/// made 0600 (never an existing one, whatever its mode), filled, synced and renamed into place.
-fn write_cluster_file(
-    path: &std::path::Path,
-    manager: &str,
-    http: &str,
-    secret: &str,
-) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => std::path::Path::new("."),
-    };
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .with_context(|| format!("creating {}", dir.display()))?;
-    let cfg = FileConfig {
-        manager: Some(manager.into()),
-        secret: Some(secret.into()),
-        http: Some(http.into()),
-        ..FileConfig::default()
-    };
-    let text = format!(
-        "# Written by `tessera up`; removed when it stops.\n{}",
-        toml::to_string(&cfg)?
-    );
-    let tmp = dir.join(format!(
-        ".cluster.toml.{}.{:08x}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .and_then(|mut f| {
-            f.write_all(text.as_bytes())?;
-            f.sync_all()
-        })
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("writing {}", path.display()));
+/// When the manager last answered `up`.
+struct Heard(std::sync::Mutex<Instant>);
+
+impl Heard {
+    fn new() -> Self {
+        Self(std::sync::Mutex::new(Instant::now()))
     }
-    // The rename itself lasts once the directory is synced.
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("syncing {}", dir.display()))
+
+    fn now(&self) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+    }
+
+    fn last(&self) -> Instant {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// How often `up` asks the manager for the servers, which also tells whether it answers.
+const SEEDS_EVERY: Duration = Duration::from_secs(1);
+
+/// The addresses of the live servers, in order.
+async fn live_servers(client: &Client) -> Result<Vec<String>> {
+    let status = client.status().await?;
+    let mut live: Vec<String> = (status.nodes.iter())
+        .filter(|n| n.alive)
+        .map(|n| n.addr.to_string())
+        .collect();
+    live.sort();
+    Ok(live)
+}
+
+/// The cluster file: where the other commands, mounts and Python find this cluster.
+struct ClusterFile {
+    path: std::path::PathBuf,
+    manager: String,
+    http: String,
+    secret: String,
+}
+
+impl ClusterFile {
+    /// Asks the manager for the live servers every [`SEEDS_EVERY`], for ever, noting in
+    /// `heard` when it answers, and lists them in the file whenever they change (`seeds`:
+    /// those listed), so that a new client can start from them while the manager is away.
+    async fn keep(&self, client: &Client, heard: &Heard, seeds: &mut Vec<String>) -> Result<()> {
+        loop {
+            tokio::time::sleep(SEEDS_EVERY).await;
+            let Ok(Ok(live)) = tokio::time::timeout(SEEDS_EVERY, live_servers(client)).await else {
+                continue;
+            };
+            heard.now();
+            if !live.is_empty() && live != *seeds {
+                self.write(&live)?;
+                *seeds = live;
+            }
+        }
+    }
+
+    /// Writes the file so that no other user can read the secret at any moment: a new file
+    /// made 0600 (never an existing one, whatever its mode), filled, synced and renamed into
+    /// place.
+    fn write(&self, seeds: &[String]) -> Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let path = &self.path;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => std::path::Path::new("."),
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+        let cfg = FileConfig {
+            manager: Some(self.manager.clone()),
+            secret: Some(self.secret.clone()),
+            http: Some(self.http.clone()),
+            seeds: Some(seeds.to_vec()),
+            ..FileConfig::default()
+        };
+        let text = format!(
+            "# Written by `tessera up`; removed when it stops.\n{}",
+            toml::to_string(&cfg)?
+        );
+        let tmp = dir.join(format!(
+            ".cluster.toml.{}.{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| {
+                f.write_all(text.as_bytes())?;
+                f.sync_all()
+            })
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e).with_context(|| format!("writing {}", path.display()));
+        }
+        // The rename itself lasts once the directory is synced.
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .with_context(|| format!("syncing {}", dir.display()))
+    }
 }
 
 /// Bytes as a short human-readable figure.

@@ -89,8 +89,14 @@ fn live_nodes(home: &Path) -> usize {
 /// `tessera up` of 4 servers (room for everything the tests write, twice, on 3 of them) with
 /// two copies of everything, mounted on `home/mnt`. Returns it and the device of `home`.
 fn up_mirrored(home: &Path) -> (Up, PathBuf, u64) {
+    up_mirrored_with(home, &[])
+}
+
+/// [`up_mirrored`], with more arguments.
+fn up_mirrored_with(home: &Path, more: &[&str]) -> (Up, PathBuf, u64) {
     let mnt = home.join("mnt");
     std::fs::create_dir(&mnt).expect("mount point");
+    let more = more.iter().map(|a| a.as_ref());
     let up = Up::start(
         home,
         &[
@@ -104,7 +110,10 @@ fn up_mirrored(home: &Path) -> (Up, PathBuf, u64) {
             "1s".as_ref(),
             "--mount".as_ref(),
             mnt.as_os_str(),
-        ],
+        ]
+        .into_iter()
+        .chain(more)
+        .collect::<Vec<&std::ffi::OsStr>>(),
     );
     (up, mnt, std::fs::metadata(home).expect("home").dev())
 }
@@ -336,6 +345,82 @@ fn a_killed_manager_is_started_again_and_recovers_the_cluster_while_io_goes_on()
         let back = std::fs::read(mnt.join(format!("f{n}"))).expect("read back");
         assert!(back == content(*n, len), "f{n} changed after the rebuild");
     }
+}
+
+/// The servers the cluster file lists for clients to start from.
+fn seeds(home: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(home.join("cluster.toml")).unwrap_or_default();
+    let file: toml::Table = toml::from_str(&text).unwrap_or_default();
+    file.get("seeds")
+        .and_then(|s| s.as_array())
+        .map(|s| s.iter().filter_map(|a| a.as_str().map(String::from)).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn with_the_manager_hung_and_a_server_killed_every_file_reads_and_new_clients_start() {
+    let home = tempfile::tempdir().expect("a home");
+    let home = home.path().to_path_buf();
+    let (up, mnt, _) = up_mirrored_with(&home, &["--manager-timeout", "20s"]);
+    let len = 3 << 20;
+    let dir = mnt.join("d");
+    std::fs::create_dir(&dir).expect("mkdir");
+    for n in 0..16 {
+        std::fs::write(dir.join(format!("f{n}")), content(n, len)).expect("write");
+    }
+    wait_until("four servers in the cluster file", Duration::from_secs(30), || {
+        seeds(&home).len() == 4
+    });
+    let manager = children_of(up.0.id(), "manager");
+    assert_eq!(manager.len(), 1, "one manager: {manager:?}");
+    // SAFETY: the manager and a server of this test's own `tessera up`.
+    unsafe {
+        libc::kill(manager[0] as i32, libc::SIGSTOP);
+        libc::kill(servers_of(up.0.id())[2] as i32, libc::SIGKILL);
+    }
+    let away = Instant::now();
+    // Nothing read from the kernel's caches: names, attributes and bytes come from the
+    // servers, each file's from whichever copy is left.
+    std::fs::write("/proc/sys/vm/drop_caches", "3").expect("drop caches");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("list")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 16, "{names:?}");
+    for n in 0..16 {
+        let back = std::fs::read(dir.join(format!("f{n}"))).expect("read with the manager away");
+        assert!(back == content(n, len), "f{n} changed");
+    }
+    // A new client starts from the servers the cluster file lists.
+    let cat = Command::new(TESSERA)
+        .args(["cat", "/d/f5"])
+        .env("TESSERA_HOME", &home)
+        .output()
+        .expect("tessera cat");
+    assert!(
+        cat.status.success() && cat.stdout == content(5, len),
+        "a new client while the manager is away: {}",
+        String::from_utf8_lossy(&cat.stderr)
+    );
+    let served = away.elapsed();
+    let log = || std::fs::read_to_string(home.join("up.log")).unwrap_or_default();
+    wait_until("the hung manager killed", Duration::from_secs(60), || {
+        log().contains("the manager has not answered for")
+    });
+    wait_until(
+        "a new manager that rebuilt the cluster",
+        Duration::from_secs(90),
+        || {
+            let s = status(&home);
+            live_nodes(&home) == 4 && s["degraded"] == 0 && s["incoming"] == 0
+        },
+    );
+    for n in 0..16 {
+        let back = std::fs::read(dir.join(format!("f{n}"))).expect("read back");
+        assert!(back == content(n, len), "f{n} changed after the recovery");
+    }
+    eprintln!("read everything with the manager away in {served:?}");
 }
 
 /// Bytes held by the servers, as `status` reports them (0 while the manager does not answer).

@@ -24,6 +24,9 @@ pub enum WriteAck {
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
     pub manager: SocketAddr,
+    /// Servers asked for the partition table when the manager cannot be reached at connect,
+    /// so that a client can start while the manager is away (the cluster file lists them).
+    pub seeds: Vec<SocketAddr>,
     pub secret: Secret,
     /// How long `connect` waits for a cluster that is still forming.
     pub ready_timeout: Duration,
@@ -61,6 +64,7 @@ impl ClientOptions {
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         Self {
             manager,
+            seeds: Vec::new(),
             secret: Secret::new(secret),
             ready_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(60),

@@ -21,13 +21,17 @@ pub enum ConfigError {
     Missing { what: &'static str, file: String },
     #[error("bad manager address {0:?} (expected HOST:PORT)")]
     Addr(String),
+    #[error("bad seed server address {0:?} in the cluster file (expected IP:PORT)")]
+    Seed(String),
 }
 
-/// The two keys a client needs; other keys of the file are left to the command line.
+/// The keys a client needs; other keys of the file are left to the command line.
 #[derive(Debug, Default, serde::Deserialize)]
 struct Endpoint {
     manager: Option<String>,
     secret: Option<String>,
+    /// Servers to ask for the table while the manager is away.
+    seeds: Option<Vec<String>>,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -38,6 +42,8 @@ fn env(name: &str) -> Option<String> {
 pub struct Found {
     pub addr: SocketAddr,
     pub secret: String,
+    /// Servers of the same cluster, named beside its manager in a file.
+    pub seeds: Vec<SocketAddr>,
     /// Files read whose secret other users could read, said of each.
     pub warnings: Vec<String>,
 }
@@ -53,6 +59,7 @@ pub fn resolve(
     let mut secret = secret.or_else(|| env("TESSERA_SECRET"));
     let explicit = config.or_else(|| env("TESSERA_CONFIG").map(PathBuf::from));
     let mut warnings = Vec::new();
+    let mut seeds = Vec::new();
     if manager.is_none() || secret.is_none() {
         let mut files = Vec::new();
         if let Some(p) = explicit {
@@ -65,6 +72,13 @@ pub fn resolve(
         for (path, own) in files {
             let (f, warning) = tessera_client::config::read::<Endpoint>(&path, own)?;
             warnings.extend(warning);
+            // A file's servers are those of the manager it names.
+            if f.manager.is_some()
+                && (manager.is_none() || manager == f.manager)
+                && seeds.is_empty()
+            {
+                seeds = f.seeds.unwrap_or_default();
+            }
             manager = manager.or(f.manager);
             secret = secret.or(f.secret);
         }
@@ -80,9 +94,14 @@ pub fn resolve(
         .ok()
         .and_then(|mut a| a.next())
         .ok_or_else(|| ConfigError::Addr(manager.clone()))?;
+    let seeds = seeds
+        .iter()
+        .map(|s| s.parse().map_err(|_| ConfigError::Seed(s.clone())))
+        .collect::<Result<_, _>>()?;
     Ok(Found {
         addr,
         secret,
+        seeds,
         warnings,
     })
 }

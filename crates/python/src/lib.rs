@@ -383,6 +383,7 @@ impl PyClient {
         let config::Found {
             addr,
             secret,
+            seeds,
             warnings,
         } = config::resolve(manager, secret, config)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -393,6 +394,7 @@ impl PyClient {
             PyErr::warn(py, &category, &msg, 2)?;
         }
         let mut opts = ClientOptions::new(addr, &secret);
+        opts.seeds = seeds;
         if timeout.is_finite() && timeout >= 0.0 {
             opts.ready_timeout = Duration::from_secs_f64(timeout);
         }

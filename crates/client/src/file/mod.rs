@@ -89,12 +89,18 @@ pub struct File {
     asked: u64,
     /// The trace this handle's calls are recorded in, with the path it was opened by.
     trace: Option<(Arc<Tracer>, Arc<[u8]>)>,
-    /// The client lease the handle was opened under ([`crate::lease`]).
-    holder: u64,
+    /// The client lease the handle was opened under ([`crate::lease`]); `None` for an open
+    /// made by a mirror, which no server counts.
+    holder: Option<u64>,
 }
 
 impl File {
-    pub(crate) fn new(client: Client, inode: Inode, opts: &OpenOptions, holder: u64) -> Self {
+    pub(crate) fn new(
+        client: Client,
+        inode: Inode,
+        opts: &OpenOptions,
+        holder: Option<u64>,
+    ) -> Self {
         let ack = opts.write_ack.unwrap_or(client.opts.write_ack);
         client.lease.opened(inode.ino);
         Self {
@@ -208,7 +214,7 @@ impl File {
 
     /// The servers may have let this handle go (its file deleted since, if unlinked).
     fn leased(&self) -> Result<()> {
-        if self.client.lease.covers(self.holder) {
+        if self.holder.is_none_or(|h| self.client.lease.covers(h)) {
             Ok(())
         } else {
             Err(ErrorCode::LeaseExpired.into())
@@ -498,7 +504,10 @@ impl File {
         let flushed = self.flush_untraced().await;
         self.closed = true;
         self.client.lease.closed(self.ino);
-        let (ino, holder) = (self.ino, self.holder);
+        let Some(holder) = self.holder else {
+            return flushed;
+        };
+        let ino = self.ino;
         let released = match self.client.meta(ino, Op::InodeClose { ino, holder }).await {
             Ok(Response::Links { .. }) => Ok(()),
             Ok(other) => Err(unexpected(&other)),

@@ -73,16 +73,20 @@ impl Client {
         (r.map(|(resp, _)| resp), resent)
     }
 
+    /// [`Self::meta`] for a read, which a mirror answers when the primary does not.
+    async fn read_meta(&self, ino: Ino, op: Op) -> Result<Response> {
+        self.router
+            .read_meta(self.lane.as_ref(), Key::Meta(ino), op)
+            .await
+    }
+
     async fn meta_inode(&self, ino: Ino, op: Op) -> Result<Inode> {
-        match self.meta(ino, op).await? {
-            Response::Inode(i) => Ok(i),
-            other => Err(unexpected(&other)),
-        }
+        inode_of(self.meta(ino, op).await?)
     }
 
     /// Attributes of an inode.
     pub async fn getattr(&self, ino: Ino) -> Result<Inode> {
-        self.meta_inode(ino, Op::InodeGet { ino }).await
+        inode_of(self.read_meta(ino, Op::InodeGet { ino }).await?)
     }
 
     /// The entry `name` of directory `parent`, and its inode if it lives with the entry.
@@ -92,7 +96,7 @@ impl Client {
             dir: parent,
             name: name.to_vec(),
         };
-        match self.meta(parent, op).await? {
+        match self.read_meta(parent, op).await? {
             Response::Found { entry, inode } => Ok((entry, inode)),
             other => Err(unexpected(&other)),
         }
@@ -139,7 +143,7 @@ impl Client {
             after: after.map(<[u8]>::to_vec),
             limit: limit.min(DIR_PAGE_MAX),
         };
-        match self.meta(dir, op).await? {
+        match self.read_meta(dir, op).await? {
             Response::Entries { entries, more } => Ok((entries, more)),
             other => Err(unexpected(&other)),
         }
@@ -348,7 +352,7 @@ impl Client {
             .make(parent, name, FileKind::File, mode, Vec::new(), Some(holder))
             .await
         {
-            Ok((inode, dir)) => Ok((File::new(self.clone(), inode, opts, holder), dir)),
+            Ok((inode, dir)) => Ok((File::new(self.clone(), inode, opts, Some(holder)), dir)),
             Err(e) if e.is(&ErrorCode::Exists) && !exclusive => {
                 let entry = self.lookup_entry(parent, name).await?;
                 Ok((self.open_ino(entry.ino, opts).await?, None))
@@ -385,7 +389,7 @@ impl Client {
                 Named::NumberTaken(e) => Err(e),
             }
         };
-        Ok((File::new(self.clone(), inode, opts, holder), request))
+        Ok((File::new(self.clone(), inode, opts, Some(holder)), request))
     }
 
     /// Gives back `dir`'s completeness promise, which its server recalled (`Notice::Listing`):
@@ -482,13 +486,32 @@ impl Client {
         self.getattr(ino).await
     }
 
-    /// Opens an existing inode.
+    /// Opens an existing inode. An open for reading only is made by a mirror when the
+    /// inode's primary does not answer: not counted (no server holds it open), it reads what
+    /// the mirrors hold while the manager is away and cannot replace the primary.
     pub async fn open_ino(&self, ino: Ino, opts: &OpenOptions) -> Result<File> {
         let holder = self.lease.holder();
-        let inode = self.meta_inode(ino, Op::InodeOpen { ino, holder }).await?;
-        if inode.kind == FileKind::Dir && (opts.write || opts.append) {
-            let _ = self.meta(ino, Op::InodeClose { ino, holder }).await;
-            return Err(ErrorCode::IsDir.into());
+        let open = Op::InodeOpen { ino, holder };
+        let reading = !(opts.write || opts.append || opts.truncate);
+        let called = self
+            .router
+            .call_or_mirror(
+                self.lane.as_ref(),
+                Key::Meta(ino),
+                open,
+                Bytes::new(),
+                reading.then_some(Op::InodeGet { ino }),
+            )
+            .await;
+        let inode = inode_of(called.answer?.0)?;
+        // A primary that got the open but never answered may have counted it: the count
+        // lapses with the lease, as a dead client's would.
+        let holder = (!called.by_mirror).then_some(holder);
+        if let Some(holder) = holder {
+            if inode.kind == FileKind::Dir && (opts.write || opts.append) {
+                let _ = self.meta(ino, Op::InodeClose { ino, holder }).await;
+                return Err(ErrorCode::IsDir.into());
+            }
         }
         let mut file = File::new(self.clone(), inode, opts, holder);
         if opts.truncate && (opts.write || opts.append) {
@@ -517,5 +540,12 @@ impl Client {
             u.nodes += 1;
         }
         Ok(u)
+    }
+}
+
+fn inode_of(resp: Response) -> Result<Inode> {
+    match resp {
+        Response::Inode(i) => Ok(i),
+        other => Err(unexpected(&other)),
     }
 }

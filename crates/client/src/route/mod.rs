@@ -47,6 +47,15 @@ pub(crate) use transport::{Reply, Transport};
 #[cfg(feature = "sim")]
 pub(crate) use {table::ManagerCall, transport::Answer};
 
+/// What [`Router::call_or_mirror`] got.
+pub(crate) struct Called {
+    pub answer: Result<(Response, Bytes)>,
+    /// Sent, then not answered: a change may have been applied.
+    pub maybe_applied: bool,
+    /// Answered by a mirror, not the primary.
+    pub by_mirror: bool,
+}
+
 /// Attempts for one request before giving up (stale epochs, a cluster still settling).
 const MAX_ATTEMPTS: u32 = 40;
 
@@ -127,7 +136,7 @@ impl<T: Transport> Router<T> {
             let reply = self.transport.send(node, addr, req, payload, None).await?;
             Ok::<_, Error>(reply.wait().await?)
         };
-        self.unless_dropped(node, None, asked)
+        self.unless_dropped(node, None, None, asked)
             .await
             .unwrap_or_else(|| Err(Error::Unavailable(format!("node {node} left the table"))))
     }
@@ -154,50 +163,142 @@ impl<T: Transport> Router<T> {
         op: Op,
         payload: Bytes,
     ) -> (Result<(Response, Bytes)>, bool) {
+        let called = self.call_or_mirror(lane, key, op, payload, None).await;
+        (called.answer, called.maybe_applied)
+    }
+
+    /// [`Self::call`] for a metadata read (`InodeGet`, `DirLookup`, `DirList`), which a mirror
+    /// answers when the primary does not.
+    pub async fn read_meta(&self, lane: Option<&Lane>, key: Key, op: Op) -> Result<Response> {
+        let mirror = op.clone();
+        let called = self
+            .call_or_mirror(lane, key, op, Bytes::new(), Some(mirror))
+            .await;
+        called.answer.map(|(resp, _)| resp)
+    }
+
+    /// Sends `op` to `key`'s primary, as [`Self::call`]. With `mirror` (a read), a primary that
+    /// cannot be reached, or does not answer within [`SUSPECT_AFTER`], has `mirror` asked of
+    /// the partition's other replicas before the failover is waited for: they hold every change
+    /// the primary acknowledged, and while the manager is away no table will replace the
+    /// primary.
+    pub async fn call_or_mirror(
+        &self,
+        lane: Option<&Lane>,
+        key: Key,
+        op: Op,
+        payload: Bytes,
+        mirror: Option<Op>,
+    ) -> Called {
         let mut req = Request::Op { epoch: 0, op };
         let mut maybe_applied = false;
         let mut since = None;
+        let done = |answer, maybe_applied, by_mirror| Called {
+            answer,
+            maybe_applied,
+            by_mirror,
+        };
         for attempt in 0..MAX_ATTEMPTS {
             let route = self.route();
             if let Request::Op { epoch, .. } = &mut req {
                 *epoch = route.epoch();
             }
-            let node = match route.primary(key) {
-                Ok(n) => n,
-                Err(e) => return (Err(e), maybe_applied),
+            let (node, mirrored) = match route.replicas(key) {
+                Ok(r) => (r[0], r.len() > 1),
+                Err(e) => return done(Err(e), maybe_applied, false),
             };
             let p = route.partition(key);
+            let quit = (mirror.is_some() && mirrored).then_some(SUSPECT_AFTER);
             let answer = self
-                .exchange(lane, &route, (node, p), &req, &payload, &mut maybe_applied)
+                .exchange(
+                    lane,
+                    &route,
+                    (node, p),
+                    &req,
+                    &payload,
+                    quit,
+                    &mut maybe_applied,
+                )
                 .await;
             match answer {
                 Ok((Response::Error(e), _)) if retryable(&e) => {
                     if let Err(e) = self.refresh(route.epoch()).await {
-                        return (Err(e), maybe_applied);
+                        return done(Err(e), maybe_applied, false);
                     }
                     tokio::time::sleep(backoff(attempt)).await;
                 }
-                Ok((Response::Error(e), _)) => return (Err(e.into()), maybe_applied),
-                Ok(ok) => return (Ok(ok), maybe_applied),
+                Ok((Response::Error(e), _)) => return done(Err(e.into()), maybe_applied, false),
+                Ok(ok) => return done(Ok(ok), maybe_applied, false),
                 Err(Error::Unavailable(why)) => {
                     debug!(node, "request failed: {why}");
+                    if let Some(read) = &mirror {
+                        if let Some(answer) = self.ask_mirrors(&route, key, read).await {
+                            return done(answer, maybe_applied, true);
+                        }
+                    }
                     let since = *since.get_or_insert_with(Instant::now);
                     if let Err(e) = self
                         .await_failover(&[node], |t, n| !lists(t, n, p), since, "request")
                         .await
                     {
-                        return (Err(e), maybe_applied);
+                        return done(Err(e), maybe_applied, false);
                     }
                 }
-                Err(e) => return (Err(e), maybe_applied),
+                Err(e) => return done(Err(e), maybe_applied, false),
             }
         }
-        (Err(kept_changing()), maybe_applied)
+        done(Err(kept_changing()), maybe_applied, false)
+    }
+
+    /// `read` asked of `key`'s replicas after the primary, in turn, each given
+    /// [`SUSPECT_AFTER`]: the first answer that is not a refusal to serve (stale table, not
+    /// ready), or `None`.
+    async fn ask_mirrors(
+        &self,
+        route: &Route,
+        key: Key,
+        read: &Op,
+    ) -> Option<Result<(Response, Bytes)>> {
+        let req = Request::Op {
+            epoch: route.epoch(),
+            op: read.clone(),
+        };
+        let p = route.partition(key);
+        let mut unused = false;
+        for &m in route.replicas(key).ok()?.iter().skip(1) {
+            let asked = self
+                .exchange(
+                    None,
+                    route,
+                    (m, p),
+                    &req,
+                    &Bytes::new(),
+                    Some(SUSPECT_AFTER),
+                    &mut unused,
+                )
+                .await;
+            match asked {
+                Ok((Response::Error(e), _)) if retryable(&e) => {}
+                Ok((Response::Error(e), _)) => return Some(Err(e.into())),
+                Ok(ok) => {
+                    debug!(
+                        mirror = m,
+                        partition = p,
+                        "a mirror answered for its primary"
+                    );
+                    return Some(Ok(ok));
+                }
+                Err(e) => debug!(mirror = m, "the mirror did not answer either: {e}"),
+            }
+        }
+        None
     }
 
     /// One request to `node` about partition `p` and its answer: on `lane` if given and it
     /// can take it, else on the shared connection. `maybe_applied` is set if it was sent but
-    /// not answered. A node the table drops while the request waits is `Unavailable`.
+    /// not answered. A node the table drops while the request waits is `Unavailable`, and so
+    /// is one that has not answered after `quit`, if given (another replica may answer).
+    #[allow(clippy::too_many_arguments)]
     async fn exchange(
         &self,
         lane: Option<&Lane>,
@@ -205,18 +306,22 @@ impl<T: Transport> Router<T> {
         (node, p): (NodeId, PartitionId),
         req: &Request,
         payload: &Bytes,
+        quit: Option<Duration>,
         maybe_applied: &mut bool,
     ) -> Result<(Response, Bytes)> {
+        let begun = Instant::now();
+        let given_up = || quit.is_some_and(|q| begun.elapsed() >= q);
         let addr = route.addr(node)?;
         // Connecting waits for the server too: watched as the answer is.
-        let dropped = || {
-            Error::Unavailable(format!(
+        let dropped = || match quit.filter(|_| given_up()) {
+            Some(q) => Error::Unavailable(format!("node {node} did not answer within {q:?}")),
+            None => Error::Unavailable(format!(
                 "node {node} left partition {p} while a request to it waited"
-            ))
+            )),
         };
         let on_lane = match lane {
             Some(lane) => self
-                .unless_dropped(node, Some(p), async {
+                .unless_dropped(node, Some(p), quit, async {
                     self.transport
                         .send_on_lane(lane, node, addr, req, payload)
                         .await
@@ -232,7 +337,9 @@ impl<T: Transport> Router<T> {
                 loop {
                     match lane.answer_within(sent, patience) {
                         Heard::Answer(answer) => break Some(answer),
-                        Heard::Quiet(quiet) if self.node_dropped(node, Some(p)).await => {
+                        Heard::Quiet(quiet)
+                            if given_up() || self.node_dropped(node, Some(p)).await =>
+                        {
                             // Dropped, the lane connection goes with the request.
                             drop(quiet);
                             break None;
@@ -251,7 +358,7 @@ impl<T: Transport> Router<T> {
                         .await?;
                     Ok::<_, Error>(reply.wait().await)
                 };
-                match self.unless_dropped(node, Some(p), asked).await {
+                match self.unless_dropped(node, Some(p), quit, asked).await {
                     Some(Err(e)) => return Err(e),
                     Some(Ok(answer)) => Some(answer),
                     None => None,

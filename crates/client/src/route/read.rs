@@ -308,7 +308,7 @@ impl<T: Transport> Router<T> {
     ) -> Result<std::result::Result<Bytes, Tried>> {
         let p = self.route().partition(key);
         let race = self.race(key, op, len, node, sent, first);
-        self.unless_dropped(node, Some(p), race)
+        self.unless_dropped(node, Some(p), None, race)
             .await
             .unwrap_or_else(|| {
                 Ok(Err(Tried {
@@ -410,7 +410,7 @@ impl<T: Transport> Router<T> {
             };
             let p = route.partition(key);
             let answer = match self.send_tracked(&route, node, op, len, None).await {
-                Ok(t) => match self.unless_dropped(node, Some(p), t.wait()).await {
+                Ok(t) => match self.unless_dropped(node, Some(p), None, t.wait()).await {
                     Some((_, answer)) => answer.map_err(Error::from),
                     None => Err(Error::Unavailable(
                         "it left the partition table while the read waited".into(),

@@ -106,6 +106,12 @@ pub(super) fn lists_anywhere(table: &PartitionTable, node: NodeId) -> bool {
 pub(crate) type ManagerCall =
     Arc<dyn Fn(Request) -> futures::future::BoxFuture<'static, Result<Response>> + Send + Sync>;
 
+/// What the manager said to a client's first request.
+enum First {
+    Table(Arc<RpcClient>, TableInfo),
+    NotReady(String),
+}
+
 /// The connection to the manager, remade when it breaks.
 pub(crate) struct Manager {
     addr: SocketAddr,
@@ -117,44 +123,64 @@ pub(crate) struct Manager {
 
 impl Manager {
     /// Connects to the manager and fetches the table, waiting (up to `ready_timeout`) for a
-    /// cluster that is still forming. The settings returned are those of every connection
-    /// after it: their receive pool is sized to the cluster's stripes.
+    /// cluster that is still forming; while the manager cannot be reached, the table comes
+    /// from the first of `seeds` (servers) to give one. The settings returned are those of
+    /// every connection after it: their receive pool is sized to the cluster's stripes.
     pub(super) async fn connect(opts: &ClientOptions) -> Result<(Self, TableInfo)> {
         let mut rpc = RpcConfig::new(opts.secret.clone(), Arc::new(BufferPool::new(1 << 20, 64)));
         rpc.request_timeout = opts.request_timeout;
         let deadline = Instant::now() + opts.ready_timeout;
-        // A manager that is still starting refuses connections: keep trying until the deadline;
-        // a refused handshake (wrong secret) is final.
-        let manager = loop {
-            match RpcClient::connect(opts.manager, &rpc).await {
-                Ok(c) => break Arc::new(c),
-                Err(e @ tessera_proto::RpcError::Connect { .. }) if Instant::now() < deadline => {
-                    debug!("manager not reachable yet: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        };
-        let info = loop {
-            match manager.call(&Request::GetTable, Bytes::new()).await?.0 {
-                Response::Table(info) => {
-                    info.check(info.config.partitions).map_err(Error::Invalid)?;
-                    break info;
-                }
-                Response::Error(ErrorCode::NotReady(why)) => {
-                    if Instant::now() > deadline {
-                        return Err(Error::Unavailable(format!(
-                            "cluster at {} not ready after {:?}: {why}",
-                            opts.manager, opts.ready_timeout
-                        )));
+        let (conn, info) = loop {
+            let why =
+                match tokio::time::timeout(MANAGER_PATIENCE, Self::first_table(opts.manager, &rpc))
+                    .await
+                {
+                    Ok(Ok(First::Table(conn, info))) => break (Some(conn), info),
+                    Ok(Ok(First::NotReady(not_ready))) => Error::Unavailable(format!(
+                        "cluster at {} not ready after {:?}: {not_ready}",
+                        opts.manager, opts.ready_timeout
+                    )),
+                    // A refused handshake (wrong secret) is final; a manager that is still
+                    // starting, or gone, is waited for.
+                    Ok(Err(e @ tessera_proto::RpcError::Connect { .. })) => {
+                        debug!("manager not reachable: {e}");
+                        match seeded(&opts.seeds, &rpc).await {
+                            Some(info) => break (None, info),
+                            None => e.into(),
+                        }
                     }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                other => return Err(unexpected(&other)),
+                    Ok(Err(e)) => return Err(e.into()),
+                    Err(_) => match seeded(&opts.seeds, &rpc).await {
+                        Some(info) => break (None, info),
+                        None => Error::Unavailable(format!(
+                            "the manager at {} does not answer",
+                            opts.manager
+                        )),
+                    },
+                };
+            if Instant::now() > deadline {
+                return Err(why);
             }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         };
+        info.check(info.config.partitions).map_err(Error::Invalid)?;
         rpc.pool = Arc::new(BufferPool::new(info.config.stripe_size as usize, 64));
-        Ok((Self::new(opts.manager, Arc::new(rpc), Some(manager)), info))
+        Ok((Self::new(opts.manager, Arc::new(rpc), conn), info))
+    }
+
+    /// The manager's connection and table, or why it has none yet.
+    async fn first_table(
+        addr: SocketAddr,
+        rpc: &RpcConfig,
+    ) -> std::result::Result<First, tessera_proto::RpcError> {
+        let manager = Arc::new(RpcClient::connect(addr, rpc).await?);
+        Ok(
+            match manager.call(&Request::GetTable, Bytes::new()).await?.0 {
+                Response::Table(info) => First::Table(manager, info),
+                Response::Error(ErrorCode::NotReady(why)) => First::NotReady(why),
+                other => First::NotReady(format!("unexpected answer {other:?}")),
+            },
+        )
     }
 
     pub(super) fn new(addr: SocketAddr, rpc: Arc<RpcConfig>, conn: Option<Arc<RpcClient>>) -> Self {
@@ -334,20 +360,29 @@ impl<T: Transport> Router<T> {
     }
 
     /// Waits for `answer`, which `node` gives about partition `p` (`None`: about the node as a
-    /// whole); `None` if the table drops `node` first. A server that stopped answering (hung,
-    /// cut off) is given up as soon as the manager declares it dead, not after the request
-    /// timeout.
+    /// whole); `None` if the table drops `node` first, or once `quit` has passed. A server
+    /// that stopped answering (hung, cut off) is given up as soon as the manager declares it
+    /// dead, not after the request timeout.
     pub(super) async fn unless_dropped<F: std::future::Future>(
         &self,
         node: NodeId,
         p: Option<PartitionId>,
+        quit: Option<Duration>,
         answer: F,
     ) -> Option<F::Output> {
         tokio::pin!(answer);
+        let give_up = quit.map(|q| Instant::now() + q);
         let mut patience = SUSPECT_AFTER;
         loop {
-            if let Ok(done) = tokio::time::timeout(patience, &mut answer).await {
+            let wait = give_up.map_or(patience, |at| {
+                patience.min(at.saturating_duration_since(Instant::now()))
+            });
+            if let Ok(done) = tokio::time::timeout(wait, &mut answer).await {
                 return Some(done);
+            }
+            if give_up.is_some_and(|at| Instant::now() >= at) {
+                debug!(node, partition = ?p, "gave up waiting for an answer");
+                return None;
             }
             if self.node_dropped(node, p).await {
                 debug!(node, partition = ?p, "gave up waiting: the node left the table");
@@ -392,4 +427,31 @@ impl<T: Transport> Router<T> {
             tokio::time::sleep(FAILOVER_POLL).await;
         }
     }
+}
+
+/// The newest table `seeds` (servers) hold, each given [`MANAGER_PATIENCE`].
+async fn seeded(seeds: &[SocketAddr], rpc: &RpcConfig) -> Option<TableInfo> {
+    let asked = seeds.iter().map(|&addr| async move {
+        let asked = async {
+            let conn = RpcClient::connect(addr, rpc).await.ok()?;
+            match conn.call(&Request::GetTable, Bytes::new()).await.ok()?.0 {
+                Response::Table(t) => Some(t),
+                _ => None,
+            }
+        };
+        tokio::time::timeout(MANAGER_PATIENCE, asked)
+            .await
+            .ok()
+            .flatten()
+    });
+    let newest = futures::future::join_all(asked)
+        .await
+        .into_iter()
+        .flatten()
+        .max_by_key(|t| t.table.epoch())?;
+    debug!(
+        epoch = newest.table.epoch(),
+        "the manager is away: the table came from a server"
+    );
+    Some(newest)
 }

@@ -319,3 +319,52 @@ async fn a_write_to_a_mirror_that_stopped_answering_completes_once_the_table_dro
         r.transport.sent()
     );
 }
+
+/// An inode whose partition's primary is node 1.
+fn ino_on_1(r: &Router<Memory>) -> u64 {
+    (1..)
+        .find(|&i| r.route().primary(Key::Meta(i)).ok() == Some(1))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn with_the_manager_away_a_mirror_answers_reads_of_a_dead_or_hung_primary() {
+    for primary in [Node::Dead, Node::Slow] {
+        let r = router();
+        let ino = ino_on_1(&r);
+        r.transport.set(1, primary);
+        let read = r.read_meta(None, Key::Meta(ino), Op::InodeGet { ino });
+        let got = tokio::time::timeout(Duration::from_secs(30), read)
+            .await
+            .expect("not left waiting for a table that will not come");
+        assert!(matches!(got, Ok(Response::Ok)), "{got:?}");
+        let asked: Vec<NodeId> = r.transport.sent().iter().map(|(n, _)| *n).collect();
+        let expected: &[NodeId] = if primary == Node::Slow { &[1, 2] } else { &[2] };
+        assert_eq!(asked, expected, "the primary, then its mirror");
+        assert_eq!(r.route().epoch(), 1, "no new table: nobody replaced the primary");
+    }
+}
+
+#[tokio::test]
+async fn with_the_manager_away_a_change_waits_for_the_primary_and_an_open_to_read_does_not() {
+    let r = router();
+    let ino = ino_on_1(&r);
+    r.transport.set(1, Node::Dead);
+    let open = Op::InodeOpen { ino, holder: 9 };
+    let read = Some(Op::InodeGet { ino });
+    let called = r
+        .call_or_mirror(None, Key::Meta(ino), open.clone(), Bytes::new(), read)
+        .await;
+    assert!(called.by_mirror && called.answer.is_ok());
+    assert!(
+        matches!(r.transport.sent().as_slice(), [(2, Op::InodeGet { .. })]),
+        "the mirror is asked to read, not to open: {:?}",
+        r.transport.sent()
+    );
+    let changed = r.call(None, Key::Meta(ino), open, Bytes::new()).await;
+    assert!(
+        matches!(changed, Err(Error::Unavailable(_))),
+        "a change fails after the failover timeout: {changed:?}"
+    );
+    assert_eq!(r.transport.sent().len(), 1, "never made by a mirror");
+}

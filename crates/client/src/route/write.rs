@@ -74,7 +74,7 @@ impl<T: Transport> Router<T> {
     /// off) is one to re-send to.
     pub(crate) async fn wait_ack(&self, ack: Ack<T::Reply>) -> Outcome {
         let Ack { node, p, waiter } = ack;
-        self.unless_dropped(node, Some(p), settle(node, waiter))
+        self.unless_dropped(node, Some(p), None, settle(node, waiter))
             .await
             .unwrap_or_else(|| Outcome::Retry(vec![node]))
     }
