@@ -1,0 +1,19 @@
+//! The I/O model of an application (PIOM's three levels, docs/MODEL.md): what the application
+//! did as a whole ([`Application`]), per file ([`FileModel`]), and per phase ([`Phase`],
+//! [`MetaPhase`]): a run of operations on one file with one shape, or a burst of one kind of
+//! metadata operation in one directory.
+//!
+//! Pure: no I/O but what the caller hands in, so every rule is testable on made-up records.
+
+mod model;
+
+pub use model::*;
+
+/// What can go wrong with a model file.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("not a Tessera I/O model: {0}")]
+    Parse(#[from] serde_json::Error),
+    #[error("model schema {found:?} is not one this version reads ({SCHEMA})")]
+    Schema { found: String },
+}
