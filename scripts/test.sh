@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
+./scripts/deps.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Integration tests look for the binaries next to themselves.
