@@ -82,6 +82,19 @@ fn dd(mnt: &Path, name: &str, blocks: u32) {
     assert!(out.success());
 }
 
+/// `tessera profile INPUT -o OUT`, read back.
+fn profile(input: &Path, out: &Path) -> Model {
+    let status = Command::new(TESSERA)
+        .arg("profile")
+        .arg(input)
+        .arg("-o")
+        .arg(out)
+        .status()
+        .expect("tessera profile");
+    assert!(status.success());
+    Model::from_json(&std::fs::read_to_string(out).expect("the model")).expect("a model")
+}
+
 fn phases_of<'a>(m: &'a Model, path: &str) -> Vec<&'a Phase> {
     let file = m.files.iter().find(|f| f.path == path).expect(path);
     m.phases.iter().filter(|p| p.file == file.id).collect()
@@ -124,17 +137,27 @@ fn synthetic_applications_profile_into_their_known_model() {
     assert!(t.gaps.is_empty(), "nothing lost");
     drop(m);
 
-    let out = home.join("model.json");
-    let status = Command::new(TESSERA)
-        .arg("profile")
-        .arg(trace_file(&dir))
-        .arg("-o")
-        .arg(&out)
-        .status()
-        .expect("tessera profile");
-    assert!(status.success());
-    let m = Model::from_json(&std::fs::read_to_string(&out).expect("the model")).expect("a model");
+    let m = profile(&trace_file(&dir), &home.join("model.json"));
     assert_eq!(m.source.records, t.records.len() as u64);
+    // The same records as a Parquet table (as another tool would hand them) make the same model.
+    let table = home.join("trace.parquet");
+    let status = Command::new(TESSERA)
+        .args(["trace", "export", "--format", "parquet", "-o"])
+        .arg(&table)
+        .arg(trace_file(&dir))
+        .status()
+        .expect("tessera trace export");
+    assert!(status.success());
+    let from_table = profile(&table, &home.join("table.json"));
+    assert_eq!(
+        (
+            &from_table.application,
+            &from_table.files,
+            &from_table.phases
+        ),
+        (&m.application, &m.files, &m.phases)
+    );
+    assert_eq!(from_table.meta_phases, m.meta_phases);
 
     // One file per process, written sequentially.
     for r in 0..3 {
