@@ -16,6 +16,10 @@ pub struct ProfileArgs {
     /// Write the model (JSON) here; `-` for standard output (default: TRACE.model.json).
     #[arg(short, long)]
     output: Option<PathBuf>,
+    /// Also write the report: one self-contained HTML page (timeline, heat map, request sizes,
+    /// the files, phases and findings).
+    #[arg(long)]
+    report: Option<PathBuf>,
 }
 
 /// The model of the trace at `path`, read in one pass, or of the Parquet table of records
@@ -85,6 +89,10 @@ fn profile_table(path: &Path) -> Result<Model> {
 
 pub fn run(args: &ProfileArgs) -> Result<()> {
     let model = profile_trace(&args.trace)?;
+    if let Some(page) = &args.report {
+        std::fs::write(page, tessera_report::model_report(&model))
+            .with_context(|| format!("writing {}", page.display()))?;
+    }
     let json = model.to_json();
     let to_stdout = args.output.as_deref() == Some(Path::new("-"));
     if to_stdout {
@@ -99,6 +107,9 @@ pub fn run(args: &ProfileArgs) -> Result<()> {
     std::fs::write(&out, json).with_context(|| format!("writing {}", out.display()))?;
     summary(&model, &mut std::io::stdout().lock())?;
     println!("model: {}", out.display());
+    if let Some(page) = &args.report {
+        println!("report: {}", page.display());
+    }
     Ok(())
 }
 

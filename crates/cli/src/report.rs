@@ -1,15 +1,15 @@
 //! `tessera report`: memory allocated and used over time, as the manager recorded it (its
 //! `/history` HTTP endpoint), drawn like MemFS's Figure 6 into a self-contained HTML file
-//! (an inline, hand-written SVG: no scripts, no plotting library, opens anywhere).
+//! (tessera-report's page: an inline SVG chart, no scripts, opens anywhere).
 
 use crate::config::{self, FileConfig};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 use tessera_manager::history::{usage_stats, Sample, UsageStats};
+use tessera_report::{memory_report, MemorySample};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Default address of the manager's HTTP API (as `tessera up` starts it).
@@ -216,227 +216,6 @@ fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>)> {
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// A byte unit that keeps the axis numbers readable.
-fn byte_unit(max: f64) -> (&'static str, f64) {
-    const UNITS: [(&str, f64); 5] = [
-        ("TiB", 1099511627776.0),
-        ("GiB", 1073741824.0),
-        ("MiB", 1048576.0),
-        ("KiB", 1024.0),
-        ("B", 1.0),
-    ];
-    for (name, size) in UNITS {
-        if max >= size {
-            return (name, size);
-        }
-    }
-    ("GiB", GIB)
-}
-
-/// A tick step of 1, 2 or 5 times a power of ten, giving about `target` intervals.
-fn nice_step(range: f64, target: f64) -> f64 {
-    if !(range.is_finite() && range > 0.0) {
-        return 1.0;
-    }
-    let raw = range / target;
-    let mag = 10f64.powf(raw.log10().floor());
-    let norm = raw / mag;
-    let f = if norm <= 1.0 {
-        1.0
-    } else if norm <= 2.0 {
-        2.0
-    } else if norm <= 5.0 {
-        5.0
-    } else {
-        10.0
-    };
-    f * mag
-}
-
-/// A tick value with as many decimals as its step needs.
-fn tick_label(v: f64, step: f64) -> String {
-    let decimals = (-step.log10().floor()).max(0.0) as usize;
-    format!("{v:.decimals$}")
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-const W: f64 = 960.0;
-const H: f64 = 500.0;
-const LEFT: f64 = 80.0;
-const RIGHT: f64 = 70.0;
-const TOP: f64 = 50.0;
-const BOTTOM: f64 = 60.0;
-const ALLOC_COLOR: &str = "#1f6fb4";
-const USED_COLOR: &str = "#e0631a";
-const NODES_COLOR: &str = "#2b9a3e";
-
-/// The chart: memory allocated (step line over a light area) and used (line over a darker
-/// area) in bytes against seconds on the left axis, the node count (dashed steps) on the
-/// right. Pure; handles no and one sample.
-pub fn render_svg(samples: &[Sample]) -> String {
-    let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
-    let t0 = samples.first().map_or(0, |s| s.t_ms);
-    let span_s = samples.last().map_or(0, |s| s.t_ms.saturating_sub(t0)) as f64 / 1000.0;
-    // Long runs read better in minutes.
-    let (t_unit, t_div) = if span_s > 2.0 * 3600.0 {
-        ("min", 60.0)
-    } else {
-        ("s", 1.0)
-    };
-    let x_max = if span_s > 0.0 { span_s / t_div } else { 1.0 };
-    let peak = samples
-        .iter()
-        .map(|s| s.allocated.max(s.used))
-        .max()
-        .unwrap_or(0) as f64;
-    let (unit, unit_size) = byte_unit(peak);
-    let y_step = nice_step(
-        if peak > 0.0 {
-            peak / unit_size * 1.05
-        } else {
-            1.0
-        },
-        5.0,
-    );
-    let y_max = if peak > 0.0 {
-        (peak / unit_size * 1.05 / y_step).ceil() * y_step
-    } else {
-        1.0
-    };
-    let peak_nodes = samples.iter().map(|s| s.nodes).max().unwrap_or(0);
-    // The node line peaks at about half height, below the memory lines (which peak near the
-    // top), so equal nodes' allocation and count do not draw over each other.
-    let n_top = f64::from(peak_nodes.max(1)) / 0.55;
-    let n_step = nice_step(n_top, 5.0).max(1.0).round();
-    let n_max = (n_top / n_step).ceil() * n_step;
-
-    let x = |t_ms: u64| LEFT + (t_ms.saturating_sub(t0) as f64 / 1000.0 / t_div) / x_max * pw;
-    let y = |bytes: u64| TOP + ph - (bytes as f64 / unit_size) / y_max * ph;
-    let yn = |n: u32| TOP + ph - f64::from(n) / n_max * ph;
-
-    let mut o = String::new();
-    let _ = write!(
-        o,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" font-family="system-ui, sans-serif" font-size="13" role="img"><title>Memory allocated and used over time</title>"#
-    );
-    let _ = write!(
-        o,
-        r##"<rect x="0" y="0" width="{W}" height="{H}" fill="#fff"/>"##
-    );
-    // Grid and left axis ticks.
-    let mut v = 0.0;
-    while v <= y_max + y_step * 1e-9 {
-        let yy = TOP + ph - v / y_max * ph;
-        let _ = write!(
-            o,
-            r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#e4e4e4"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            LEFT + pw,
-            LEFT - 8.0,
-            yy + 4.0,
-            tick_label(v, y_step)
-        );
-        v += y_step;
-    }
-    let x_step = nice_step(x_max, 8.0);
-    let mut t = 0.0;
-    while t <= x_max + x_step * 1e-9 {
-        let xx = LEFT + t / x_max * pw;
-        let _ = write!(
-            o,
-            r##"<line x1="{xx:.1}" y1="{:.1}" x2="{xx:.1}" y2="{:.1}" stroke="#444"/><text x="{xx:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
-            TOP + ph,
-            TOP + ph + 5.0,
-            TOP + ph + 20.0,
-            tick_label(t, x_step)
-        );
-        t += x_step;
-    }
-    // Right axis ticks (nodes).
-    let mut n = 0.0;
-    while n <= n_max + 1e-9 {
-        let yy = TOP + ph - n / n_max * ph;
-        let _ = write!(
-            o,
-            r##"<line x1="{:.1}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="{NODES_COLOR}"/><text x="{:.1}" y="{:.1}" fill="{NODES_COLOR}">{n:.0}</text>"##,
-            LEFT + pw,
-            LEFT + pw + 5.0,
-            LEFT + pw + 9.0,
-            yy + 4.0,
-        );
-        n += n_step;
-    }
-
-    if samples.is_empty() {
-        let _ = write!(
-            o,
-            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#888" font-size="16">no samples yet</text>"##,
-            LEFT + pw / 2.0,
-            TOP + ph / 2.0
-        );
-    } else {
-        // A single sample holds across the whole (one second) chart.
-        let end_x = if samples.len() == 1 {
-            LEFT + pw
-        } else {
-            x(samples[samples.len() - 1].t_ms)
-        };
-        let base = TOP + ph;
-        let step_path = |val: &dyn Fn(&Sample) -> f64| {
-            let mut d = format!("M{:.1},{:.1}", x(samples[0].t_ms), val(&samples[0]));
-            for w in samples.windows(2) {
-                let _ = write!(d, "H{:.1}V{:.1}", x(w[1].t_ms), val(&w[1]));
-            }
-            let _ = write!(d, "H{end_x:.1}");
-            d
-        };
-        let alloc = step_path(&|s| y(s.allocated));
-        let used = step_path(&|s| y(s.used));
-        let nodes = step_path(&|s| yn(s.nodes));
-        let x0 = x(samples[0].t_ms);
-        let _ = write!(
-            o,
-            r#"<path d="{alloc}V{base:.1}H{x0:.1}Z" fill="{ALLOC_COLOR}" fill-opacity="0.13" stroke="none"/><path d="{used}V{base:.1}H{x0:.1}Z" fill="{USED_COLOR}" fill-opacity="0.30" stroke="none"/><path id="allocated" d="{alloc}" fill="none" stroke="{ALLOC_COLOR}" stroke-width="2"/><path id="used" d="{used}" fill="none" stroke="{USED_COLOR}" stroke-width="2"/><path id="nodes" d="{nodes}" fill="none" stroke="{NODES_COLOR}" stroke-width="1.5" stroke-dasharray="6 4"/>"#
-        );
-    }
-    // Axes, labels and legend.
-    let _ = write!(
-        o,
-        r##"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#444"/><text x="{:.1}" y="{:.1}" text-anchor="middle">time ({t_unit})</text><text transform="translate(22 {:.1}) rotate(-90)" text-anchor="middle">memory ({unit})</text><text transform="translate({:.1} {:.1}) rotate(90)" text-anchor="middle" fill="{NODES_COLOR}">nodes</text>"##,
-        LEFT + pw / 2.0,
-        H - 15.0,
-        TOP + ph / 2.0,
-        W - 18.0,
-        TOP + ph / 2.0,
-    );
-    let legend = [
-        (ALLOC_COLOR, "", "memory allocated"),
-        (USED_COLOR, "", "memory used"),
-        (
-            NODES_COLOR,
-            r#" stroke-dasharray="6 4""#,
-            "nodes (right axis)",
-        ),
-    ];
-    let mut lx = LEFT;
-    for (color, dash, label) in legend {
-        let _ = write!(
-            o,
-            r#"<line x1="{lx:.1}" y1="25" x2="{:.1}" y2="25" stroke="{color}" stroke-width="3"{dash}/><text x="{:.1}" y="30">{label}</text>"#,
-            lx + 28.0,
-            lx + 34.0
-        );
-        lx += 34.0 + 8.0 * label.len() as f64 + 30.0;
-    }
-    o.push_str("</svg>");
-    o
-}
-
 fn gib_s(byte_seconds: f64) -> String {
     let v = byte_seconds / GIB;
     if v >= 100.0 {
@@ -450,7 +229,6 @@ fn gib_s(byte_seconds: f64) -> String {
 
 /// The whole report: title, chart and a table of the totals. Pure.
 pub fn render_html(samples: &[Sample], stats: &UsageStats, title: &str, source: &str) -> String {
-    let title = escape(title);
     let rows = [
         ("duration", format!("{:.1} s", stats.duration_s)),
         ("samples", samples.len().to_string()),
@@ -477,32 +255,16 @@ pub fn render_html(samples: &[Sample], stats: &UsageStats, title: &str, source: 
             format!("{:.1} %", 100.0 * stats.mean_utilisation),
         ),
     ];
-    let mut table = String::new();
-    for (k, v) in rows {
-        let _ = write!(table, "<tr><th>{k}</th><td>{}</td></tr>", escape(&v));
-    }
-    format!(
-        r#"<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 24px; color: #222; }}
-h1 {{ font-size: 20px; margin: 0 0 4px; }}
-p.src {{ color: #666; margin: 0 0 12px; font-size: 13px; }}
-table {{ border-collapse: collapse; margin-top: 16px; font-size: 14px; }}
-th {{ text-align: left; font-weight: normal; color: #444; padding: 3px 24px 3px 0; }}
-td {{ text-align: right; padding: 3px 0; font-variant-numeric: tabular-nums; }}
-tr {{ border-bottom: 1px solid #eee; }}
-</style></head>
-<body>
-<h1>{title}</h1>
-<p class="src">from {}; each sample holds until the next</p>
-{}
-<table>{table}</table>
-</body></html>
-"#,
-        escape(source),
-        render_svg(samples)
-    )
+    let samples: Vec<MemorySample> = samples
+        .iter()
+        .map(|s| MemorySample {
+            t_ms: s.t_ms,
+            nodes: s.nodes,
+            allocated: s.allocated,
+            used: s.used,
+        })
+        .collect();
+    memory_report(&samples, &rows, title, source)
 }
 
 #[cfg(test)]
@@ -540,17 +302,8 @@ mod tests {
         }
     }
 
-    fn sane(svg: &str) {
-        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"), "{svg}");
-        assert_eq!(svg.matches("<svg").count(), 1);
-        for bad in ["NaN", "inf"] {
-            assert!(!svg.contains(bad), "{bad} in {svg}");
-        }
-        assert_eq!(svg.matches('<').count(), svg.matches('>').count());
-    }
-
     #[test]
-    fn draws_both_series_and_the_nodes() {
+    fn the_page_has_the_chart_and_the_totals() {
         let g = 1u64 << 30;
         let samples: Vec<Sample> = (0..50)
             .map(|i| {
@@ -563,50 +316,20 @@ mod tests {
                 )
             })
             .collect();
-        let svg = render_svg(&samples);
-        sane(&svg);
+        let html = render_html(&samples, &usage_stats(&samples), "a <b> run", "x");
+        assert!(html.contains("a &lt;b&gt; run") && html.contains("GiB·s"));
+        assert_eq!(html.matches("<svg").count(), 1);
         for part in [
-            r#"id="allocated""#,
-            r#"id="used""#,
-            r#"id="nodes""#,
             "memory allocated",
             "memory used",
             "memory (GiB)",
             "time (s)",
         ] {
-            assert!(svg.contains(part), "{part} missing");
+            assert!(html.contains(part), "{part} missing");
         }
-        let html = render_html(&samples, &usage_stats(&samples), "a <b> run", "x");
-        assert!(html.contains("a &lt;b&gt; run") && html.contains("GiB·s"));
-        assert!(html.contains(&svg));
-    }
-
-    #[test]
-    fn handles_no_and_one_sample_and_tiny_sizes() {
-        let svg = render_svg(&[]);
-        sane(&svg);
-        assert!(svg.contains("no samples yet"));
-        let one = [sample(1234, 1, 64 << 20, 0)];
-        let svg = render_svg(&one);
-        sane(&svg);
-        assert!(svg.contains(r#"id="used""#) && svg.contains("memory (MiB)"));
-        let zeros = [sample(0, 0, 0, 0), sample(0, 0, 0, 0)];
-        sane(&render_svg(&zeros));
-        let html = render_html(&[], &usage_stats(&[]), "t", "s");
-        assert!(html.contains("no samples yet") && html.contains("0.0 %"));
-    }
-
-    #[test]
-    fn nice_ticks() {
-        assert_eq!(nice_step(10.0, 5.0), 2.0);
-        assert_eq!(nice_step(7.0, 5.0), 2.0);
-        assert_eq!(nice_step(0.3, 5.0), 0.1);
-        assert_eq!(nice_step(0.0, 5.0), 1.0);
-        assert_eq!(nice_step(f64::NAN, 5.0), 1.0);
-        assert_eq!(tick_label(0.30000000000000004, 0.1), "0.3");
-        assert_eq!(tick_label(40.0, 20.0), "40");
-        assert_eq!(byte_unit(3.0 * GIB).0, "GiB");
-        assert_eq!(byte_unit(0.0).0, "GiB");
+        assert!(html.contains("<th>peak nodes</th><td>6</td>"), "{html}");
+        let empty = render_html(&[], &usage_stats(&[]), "t", "s");
+        assert!(empty.contains("no samples yet") && empty.contains("0.0 %"));
     }
 
     #[test]

@@ -149,6 +149,22 @@ fn synthetic_applications_profile_into_their_known_model() {
         .expect("tessera trace export");
     assert!(status.success());
     let from_table = profile(&table, &home.join("table.json"));
+    let page = home.join("report.html");
+    let status = Command::new(TESSERA)
+        .arg("profile")
+        .arg(&table)
+        .arg("--report")
+        .arg(&page)
+        .arg("-o")
+        .arg(home.join("again.json"))
+        .status()
+        .expect("tessera profile --report");
+    assert!(status.success());
+    let html = std::fs::read_to_string(&page).expect("the report");
+    assert!(
+        html.contains("<svg") && html.contains("/pp/f0"),
+        "a page with charts and files"
+    );
     assert_eq!(
         (
             &from_table.application,
