@@ -5,8 +5,12 @@
 //!
 //! Pure: no I/O but what the caller hands in, so every rule is testable on made-up records.
 
+mod compare;
+pub mod export;
 mod model;
+pub mod synthetic;
 
+pub use compare::{compare, Check, Comparison};
 pub use model::*;
 
 /// What can go wrong with a model file.
