@@ -7,6 +7,7 @@ mod files;
 mod fsck;
 mod latency;
 mod mount;
+mod profile;
 mod report;
 mod scale;
 mod status;
@@ -106,6 +107,8 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Plot memory allocated and used over time (HTML with an SVG chart, or --json).
     Report(report::ReportArgs),
+    /// Build the I/O model of a trace (application, files, phases) as JSON (docs/MODEL.md).
+    Profile(profile::ProfileArgs),
     /// Grow or shrink a running cluster (servers from the manager's provisioner; removed
     /// servers are drained first).
     Scale(scale::ScaleArgs),
@@ -490,6 +493,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Bench(a) => bench::run(client(&cli, &cfg).await?, a.clone()).await,
         Cmd::Report(a) => report::run(cli.secret.as_deref(), &cfg, a).await,
         Cmd::Trace(a) => trace::run(a),
+        Cmd::Profile(a) => profile::run(a),
         Cmd::Scale(a) => {
             let (manager, secret) =
                 config::endpoint(cli.manager.as_deref(), cli.secret.as_deref(), &cfg)?;

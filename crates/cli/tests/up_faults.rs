@@ -353,7 +353,11 @@ fn seeds(home: &Path) -> Vec<String> {
     let file: toml::Table = toml::from_str(&text).unwrap_or_default();
     file.get("seeds")
         .and_then(|s| s.as_array())
-        .map(|s| s.iter().filter_map(|a| a.as_str().map(String::from)).collect())
+        .map(|s| {
+            s.iter()
+                .filter_map(|a| a.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -368,9 +372,11 @@ fn with_the_manager_hung_and_a_server_killed_every_file_reads_and_new_clients_st
     for n in 0..16 {
         std::fs::write(dir.join(format!("f{n}")), content(n, len)).expect("write");
     }
-    wait_until("four servers in the cluster file", Duration::from_secs(30), || {
-        seeds(&home).len() == 4
-    });
+    wait_until(
+        "four servers in the cluster file",
+        Duration::from_secs(30),
+        || seeds(&home).len() == 4,
+    );
     let manager = children_of(up.0.id(), "manager");
     assert_eq!(manager.len(), 1, "one manager: {manager:?}");
     // SAFETY: the manager and a server of this test's own `tessera up`.

@@ -341,7 +341,11 @@ async fn with_the_manager_away_a_mirror_answers_reads_of_a_dead_or_hung_primary(
         let asked: Vec<NodeId> = r.transport.sent().iter().map(|(n, _)| *n).collect();
         let expected: &[NodeId] = if primary == Node::Slow { &[1, 2] } else { &[2] };
         assert_eq!(asked, expected, "the primary, then its mirror");
-        assert_eq!(r.route().epoch(), 1, "no new table: nobody replaced the primary");
+        assert_eq!(
+            r.route().epoch(),
+            1,
+            "no new table: nobody replaced the primary"
+        );
     }
 }
 
