@@ -26,8 +26,9 @@ pub(crate) enum Name {
     /// Made before timing starts, for operations on names the replay has not made.
     Spare(u64),
     SpareDir(u64),
-    /// The directory itself.
-    Dir,
+    /// An empty directory in the phase's directory that listings list: a profiler files a
+    /// listing under the listed directory's parent.
+    ListDir,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +73,12 @@ pub(crate) struct Plan {
     pub after: Vec<usize>,
     /// Processes taking part in each task.
     pub np: Vec<usize>,
+    /// For a metadata task: the one before it of its kind in its directory, if the trace
+    /// paused between them long enough for a profiler to see two bursts (the replay, without
+    /// the application's compute, pauses as long).
+    pub pause_after: Vec<Option<usize>>,
+    /// The pause that ends a profiler's metadata burst.
+    pub pause_ns: u64,
     pub procs: Vec<Proc>,
     pub prepare: Prepare,
     /// Relative paths: each model file's, each metadata phase's directory.
@@ -172,6 +179,19 @@ impl Plan {
                 tasks.push(Task::Meta(i, names.ops(m, i)));
             }
         }
+        let pause = tessera_model::Limits::default().meta_pause_ns;
+        let mut pause_after = vec![None; order.len()];
+        let mut last: HashMap<(&Path, MetaKind), usize> = HashMap::new();
+        for (task, &(start, _, kind, i)) in order.iter().enumerate() {
+            if kind == 1 {
+                let key = (meta_dirs[i].as_path(), m.meta_phases[i].kind);
+                if let Some(prev) = last.insert(key, task) {
+                    if order[prev].1.saturating_add(pause) < start {
+                        pause_after[task] = Some(prev);
+                    }
+                }
+            }
+        }
         let mut prepare = names.finish();
         for (f, path) in m.files.iter().zip(&file_paths) {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -193,6 +213,8 @@ impl Plan {
             by_end,
             after,
             np,
+            pause_after,
+            pause_ns: pause,
             procs,
             prepare,
             file_paths,
@@ -208,7 +230,7 @@ impl Plan {
             Name::New(m, k) => dir.join(format!("replay-{m}-{k}")),
             Name::Spare(n) => dir.join(format!("replay-spare-{n}")),
             Name::SpareDir(n) => dir.join(format!("replay-spare-dir-{n}")),
-            Name::Dir => dir.clone(),
+            Name::ListDir => dir.join(LIST_DIR),
         }
     }
 
@@ -242,7 +264,11 @@ struct DirState {
     spare_dirs: u64,
     /// Stats and opens go round what is there.
     next_look: usize,
+    /// Its listing directory is prepared.
+    listed: bool,
 }
+
+const LIST_DIR: &str = "replay-list";
 
 impl Names {
     fn new(m: &Model, file_paths: &[PathBuf], meta_dirs: &[PathBuf]) -> Names {
@@ -361,7 +387,12 @@ impl Names {
                     };
                     op(name)
                 }
-                MetaKind::List => op(Name::Dir),
+                MetaKind::List => {
+                    if !std::mem::replace(&mut st.listed, true) {
+                        prepare.spare_dirs.push(dir.join(LIST_DIR));
+                    }
+                    op(Name::ListDir)
+                }
             });
         }
         ops
@@ -383,21 +414,72 @@ pub(crate) struct Requests<'a> {
     initial: u64,
     next: u64,
     sizes: Sizes<'a>,
-    random: Option<(StdRng, u64, u64)>,
-    /// The first random write goes to the highest slot, so the file reaches its size.
-    top_first: bool,
+    random: Option<Random>,
 }
 
-/// Walks a phase's size counts from a given request on.
+/// Where random requests go: aligned slots, drawn so that no three consecutive requests look
+/// sequential or strided (a profiler would see a shape where there is none).
+struct Random {
+    rng: StdRng,
+    lo: u64,
+    slots: u64,
+    /// The first random write goes to the highest slot, so the file reaches its size.
+    top_first: bool,
+    /// The current run of requests as a profiler cuts them: its last two (offset, end).
+    run: Vec<(u64, u64)>,
+}
+
+impl Random {
+    fn offset(&mut self, rs: u64, size: u64) -> u64 {
+        let extends = |run: &[(u64, u64)], at: u64| match run {
+            [(o1, e1), (o2, e2)] => {
+                (*e1 == *o2 && at == *e2) || (*o2 as i128 - *o1 as i128) == (at as i128 - *o2 as i128)
+            }
+            _ => false,
+        };
+        let pick = |me: &mut Self| {
+            if std::mem::take(&mut me.top_first) {
+                me.slots - 1
+            } else {
+                me.rng.gen_range(0..me.slots)
+            }
+        };
+        let mut at = self.lo + pick(self) * rs;
+        // A few slots cannot avoid it; past a bound of tries, take what came.
+        for _ in 0..64 {
+            if !extends(&self.run, at) {
+                break;
+            }
+            at = self.lo + pick(self) * rs;
+        }
+        if self.run.len() == 2 && !extends(&self.run, at) {
+            self.run.clear();
+        }
+        if self.run.len() == 2 {
+            self.run.remove(0);
+        }
+        self.run.push((at, at.saturating_add(size)));
+        at
+    }
+}
+
+/// Walks a phase's size counts: every `stride`th request from a given one.
 struct Sizes<'a> {
     counts: &'a [tessera_model::SizeCount],
     bucket: usize,
     used: u64,
+    stride: u64,
     fallback: u64,
 }
 
 impl Sizes<'_> {
     fn next(&mut self) -> u64 {
+        let size = self.take();
+        self.skip(self.stride - 1);
+        size
+    }
+
+    fn take(&mut self) -> u64 {
         while let Some(s) = self.counts.get(self.bucket) {
             if self.used < s.count {
                 self.used += 1;
@@ -424,33 +506,48 @@ impl Sizes<'_> {
 }
 
 impl<'a> Requests<'a> {
-    /// Process `slot`'s requests in `phase`: its share of the phase's sizes (the processes'
-    /// shares in turn; the last takes what the others leave), from its initial offset.
+    /// Process `slot`'s requests in `phase`, from its initial offset. Processes with equal
+    /// parts (as a profiler joins them) take the phase's sizes in turn, so each gets its
+    /// share of every size; unequal parts take them one after the other (the last what the
+    /// others leave).
     pub(crate) fn new(phase: &'a Phase, slot: usize, seed: u64) -> Self {
         let reps = u64::from(phase.repetitions.max(1));
         let quota = |q: &tessera_model::PhaseProcess| q.ops * reps;
-        let before: u64 = phase.processes[..slot].iter().map(quota).sum();
         let me = &phase.processes[slot];
-        let mut left = quota(me);
-        if slot + 1 == phase.processes.len() {
-            let counted: u64 = phase.sizes.iter().map(|s| s.count).sum();
-            left = left.max(counted.saturating_sub(before));
-        }
+        let np = phase.processes.len() as u64;
+        let counted: u64 = phase.sizes.iter().map(|s| s.count).sum();
+        let even = phase.processes.iter().all(|q| q.ops == me.ops) && quota(me) * np == counted;
         let mut sizes = Sizes {
             counts: &phase.sizes,
             bucket: 0,
             used: 0,
+            stride: 1,
             fallback: phase.request_size,
         };
-        sizes.skip(before);
+        let mut left = quota(me);
+        if even {
+            sizes.stride = np;
+            sizes.skip(slot as u64);
+        } else {
+            let before: u64 = phase.processes[..slot].iter().map(quota).sum();
+            if slot + 1 == phase.processes.len() {
+                left = left.max(counted.saturating_sub(before));
+            }
+            sizes.skip(before);
+        }
         let random = (phase.access == AccessMode::Random).then(|| {
             let rs = phase.request_size.max(1);
             let top = phase.offset_max.saturating_sub(rs).max(phase.offset_min);
             let lo = phase.offset_min.next_multiple_of(rs);
             let lo = if lo > top { phase.offset_min } else { lo };
-            let slots = (top - lo) / rs + 1;
             let seed = seed ^ (u64::from(phase.id) << 32) ^ u64::from(me.pid);
-            (StdRng::seed_from_u64(seed), lo, slots)
+            Random {
+                rng: StdRng::seed_from_u64(seed),
+                lo,
+                slots: (top - lo) / rs + 1,
+                top_first: slot == 0 && phase.op == tessera_model::DataOp::Write,
+                run: Vec::with_capacity(2),
+            }
         });
         Requests {
             phase,
@@ -461,10 +558,11 @@ impl<'a> Requests<'a> {
             next: me.initial_offset,
             sizes,
             random,
-            top_first: slot == 0 && phase.op == tessera_model::DataOp::Write,
         }
     }
 }
+
+impl ExactSizeIterator for Requests<'_> {}
 
 impl Iterator for Requests<'_> {
     type Item = (u64, u64);
@@ -481,14 +579,7 @@ impl Iterator for Requests<'_> {
         let size = self.sizes.next();
         let rs = self.phase.request_size.max(1);
         let offset = match (&mut self.random, self.phase.access, self.phase.displacement) {
-            (Some((rng, lo, slots)), _, _) => {
-                let slot = if std::mem::take(&mut self.top_first) {
-                    *slots - 1
-                } else {
-                    rng.gen_range(0..*slots)
-                };
-                *lo + slot * rs
-            }
+            (Some(r), _, _) => r.offset(rs, size),
             (None, AccessMode::Strided, Some(d)) => {
                 let at = i128::from(self.initial) + i128::from(self.k) * i128::from(d);
                 u64::try_from(at.max(0)).unwrap_or(u64::MAX)
@@ -501,6 +592,11 @@ impl Iterator for Requests<'_> {
         };
         self.k += 1;
         Some((offset, size))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = usize::try_from(self.left).unwrap_or(usize::MAX);
+        (n, Some(n))
     }
 }
 
@@ -539,6 +635,16 @@ mod tests {
         assert_eq!(r, all(p, 0), "the same seed, the same offsets");
         let distinct: BTreeSet<u64> = r.iter().map(|x| x.0).collect();
         assert!(distinct.len() > 100, "spread: {}", distinct.len());
+        // Cut as a profiler cuts runs, no run is longer than two requests.
+        let mut run: Vec<u64> = Vec::new();
+        for &(o, _) in &r {
+            let extends = matches!(run[..], [a, b] if b as i64 - a as i64 == o as i64 - b as i64);
+            assert!(!extends, "three requests in a row {run:?} {o}");
+            if run.len() == 2 {
+                run.clear();
+            }
+            run.push(o);
+        }
     }
 
     #[test]
@@ -548,20 +654,32 @@ mod tests {
         p.repetitions = 2;
         p.processes[1].initial_offset = 1000;
         p.sizes = vec![
-            SizeCount { size: 10, count: 9 },
-            SizeCount { size: 4, count: 3 },
+            SizeCount { size: 10, count: 8 },
+            SizeCount { size: 4, count: 4 },
         ];
         let (a, b) = (all(&p, 0), all(&p, 1));
-        assert_eq!(a.len() + b.len(), 12);
-        let mut counts: BTreeMap<u64, u64> = BTreeMap::new();
-        for (_, s) in a.iter().chain(&b) {
-            *counts.entry(*s).or_default() += 1;
-        }
-        assert_eq!(counts, BTreeMap::from([(4, 3), (10, 9)]));
+        let histogram = |r: &[(u64, u64)]| {
+            let mut counts: BTreeMap<u64, u64> = BTreeMap::new();
+            for (_, s) in r {
+                *counts.entry(*s).or_default() += 1;
+            }
+            counts
+        };
+        // Each process its share of each size, as the processes of a phase had.
+        assert_eq!(histogram(&a), BTreeMap::from([(4, 2), (10, 4)]));
+        assert_eq!(histogram(&b), histogram(&a));
         // Process 1's second repetition starts again at its initial offset.
         assert_eq!(b[0].0, 1000);
         assert_eq!(b[3].0, 1000);
-        assert_eq!(b[4], (1004, 4));
+        assert_eq!(b[4], (1010, 4));
+        // Unequal parts: one after the other, every size counted once.
+        p.processes[0].ops = 4;
+        p.processes[1].ops = 2;
+        let (a, b) = (all(&p, 0), all(&p, 1));
+        assert_eq!(a.len() + b.len(), 12);
+        let mut both = a.clone();
+        both.extend(&b);
+        assert_eq!(histogram(&both), BTreeMap::from([(4, 4), (10, 8)]));
         assert_eq!(p.op, DataOp::Write);
     }
 

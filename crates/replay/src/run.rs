@@ -58,6 +58,7 @@ pub fn replay(model: &Model, dir: &Path, opts: &Options) -> Result<Report, Error
         writer: writer.as_ref(),
         sched: Mutex::new(Sched {
             left: plan.np.clone(),
+            started: vec![0; plan.tasks.len()],
             done: vec![false; plan.tasks.len()],
             prefix: 0,
             measures: vec![Span::default(); plan.tasks.len()],
@@ -207,8 +208,9 @@ impl Span {
 }
 
 struct Sched {
-    /// Processes yet to finish each task.
+    /// Processes yet to finish each task, and that have started it.
     left: Vec<usize>,
+    started: Vec<usize>,
     done: Vec<bool>,
     /// Tasks done at the head of the plan's end order.
     prefix: usize,
@@ -270,9 +272,15 @@ impl Run<'_> {
             if self.wait(part.task).is_err() {
                 return;
             }
+            if let Some(prev) = self.plan.pause_after[part.task] {
+                // A little past the pause, so that no clock's rounding joins the bursts.
+                let until = self.lock().measures[prev].last + self.plan.pause_ns + 10_000_000;
+                let now = self.now();
+                std::thread::sleep(Duration::from_nanos(until.saturating_sub(now)));
+            }
             let mut span = Span::default();
             let done = match &self.plan.tasks[part.task] {
-                Task::Data(i) => self.data(&mut me, *i, part.slot, &mut span),
+                Task::Data(i) => self.data(&mut me, *i, *part, &mut span),
                 Task::Meta(i, ops) => {
                     let ops = Plan::share(ops, part.slot, self.plan.np[part.task]);
                     self.meta(&me, *i, ops, &mut span)
@@ -290,6 +298,29 @@ impl Run<'_> {
         let need = self.plan.after[task];
         let mut s = self.lock();
         while s.prefix < need && s.error.is_none() {
+            s = self
+                .changed
+                .wait(s)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        if s.error.is_some() {
+            return Err(Stopped);
+        }
+        Ok(())
+    }
+
+    fn started(&self, task: usize) {
+        let mut s = self.lock();
+        s.started[task] += 1;
+        if s.started[task] == self.plan.np[task] {
+            drop(s);
+            self.changed.notify_all();
+        }
+    }
+
+    fn all_started(&self, task: usize) -> Result<(), Stopped> {
+        let mut s = self.lock();
+        while s.started[task] < self.plan.np[task] && s.error.is_none() {
             s = self
                 .changed
                 .wait(s)
@@ -327,8 +358,9 @@ impl Run<'_> {
         }
     }
 
-    /// Process `slot`'s part of data phase `i`.
-    fn data(&self, me: &mut Me, i: usize, slot: usize, span: &mut Span) -> Result<(), Stopped> {
+    /// A process's part of data phase `i`. Its processes ran it at once in the trace: none
+    /// makes its last request before every other has made its first.
+    fn data(&self, me: &mut Me, i: usize, part: Part, span: &mut Span) -> Result<(), Stopped> {
         let phase = &self.model.phases[i];
         let rel = &self.plan.file_paths[phase.file as usize];
         let path = self.dir.join(rel);
@@ -356,7 +388,9 @@ impl Run<'_> {
         };
         let pause = Duration::from_nanos(phase.distance_ns);
         let mut last_start: Option<Instant> = None;
-        for (offset, size) in Requests::new(phase, slot, self.seed) {
+        let requests = Requests::new(phase, part.slot, self.seed);
+        let count = requests.len();
+        for (k, (offset, size)) in requests.enumerate() {
             if self.failed.load(Ordering::Relaxed) {
                 return Err(Stopped);
             }
@@ -373,7 +407,13 @@ impl Run<'_> {
             if me.buf.len() < n {
                 me.buf.resize(n, 0xa5);
             }
+            if k + 1 == count {
+                self.all_started(part.task)?;
+            }
             let start = self.now();
+            if k == 0 {
+                self.started(part.task);
+            }
             let done = match phase.op {
                 DataOp::Read => file.read_at(&mut me.buf[..n], offset),
                 DataOp::Write => file.write_at(&me.buf[..n], offset),
@@ -411,9 +451,11 @@ impl Run<'_> {
             let start = self.now();
             let (op, done) = meta_op(kind, &path, to.as_ref().map(|t| self.dir.join(t)));
             let end = self.now();
+            let mut ino = 0;
             let result = match done {
-                Ok(n) => {
+                Ok((n, made)) => {
                     span.op(start, end, 0);
+                    ino = made;
                     i64::try_from(n).unwrap_or(i64::MAX)
                 }
                 // What concurrent phases or an odd model can cause: counted, not fatal.
@@ -443,6 +485,7 @@ impl Run<'_> {
             self.record(
                 me,
                 Event {
+                    ino,
                     path: Some(traced.as_bytes()),
                     target: target.as_deref().map(str::as_bytes),
                     start_ns: start,
@@ -464,18 +507,18 @@ struct Me<'a> {
 }
 
 /// One metadata operation on `path`: the trace's operation for it, and its result (entries
-/// for a listing).
-fn meta_op(kind: MetaKind, path: &Path, to: Option<PathBuf>) -> (Op, std::io::Result<u64>) {
-    match kind {
-        MetaKind::Create => (
-            Op::Create,
-            OpenOptions::new()
+/// for a listing) and the inode a create made.
+fn meta_op(kind: MetaKind, path: &Path, to: Option<PathBuf>) -> (Op, std::io::Result<(u64, u64)>) {
+    let (op, done) = match kind {
+        MetaKind::Create => {
+            let made = OpenOptions::new()
                 .write(true)
                 .create(true)
                 .truncate(true)
                 .open(path)
-                .map(|_| 0),
-        ),
+                .and_then(|f| f.metadata());
+            return (Op::Create, made.map(|m| (0, m.ino())));
+        }
         MetaKind::Mkdir => (Op::Mkdir, std::fs::create_dir(path).map(|()| 0)),
         MetaKind::Stat => (Op::Getattr, std::fs::symlink_metadata(path).map(|_| 0)),
         MetaKind::Open => (Op::Open, File::open(path).map(|_| 0)),
@@ -496,7 +539,8 @@ fn meta_op(kind: MetaKind, path: &Path, to: Option<PathBuf>) -> (Op, std::io::Re
                     .map(|v| v.len() as u64)
             }),
         ),
-    }
+    };
+    (op, done.map(|n| (n, 0)))
 }
 
 fn report(
@@ -571,6 +615,6 @@ mod tests {
         std::fs::write(d.path().join("a"), b"").expect("a file");
         std::fs::create_dir(d.path().join("b")).expect("a directory");
         let (op, n) = meta_op(MetaKind::List, d.path(), None);
-        assert_eq!((op, n.ok()), (Op::Readdir, Some(2)));
+        assert_eq!((op, n.ok()), (Op::Readdir, Some((2, 0))));
     }
 }
