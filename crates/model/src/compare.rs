@@ -22,10 +22,20 @@ pub struct Check {
 pub struct Comparison {
     /// Every quantity compared exactly, in order: totals, request sizes, phases.
     pub checks: Vec<Check>,
+    /// Original and replay: the durations of the phases' operations summed (what a replay
+    /// reproduces).
     pub io_time_ns: (u64, u64),
+    /// The durations of the other operations (opens, closes, lookups outside bursts...).
+    pub other_io_time_ns: (u64, u64),
     pub wall_ns: (u64, u64),
-    /// Replay over original, I/O time summed over operations (None if the original took none).
+    /// Replay over original, of the phases' I/O time (None if the original's is 0).
     pub io_time_ratio: Option<f64>,
+}
+
+/// The durations of the operations of a model's phases, summed.
+fn phases_io_time(m: &Model) -> u64 {
+    let data: u64 = m.phases.iter().map(|p| p.io_time_ns).sum();
+    data + m.meta_phases.iter().map(|p| p.io_time_ns).sum::<u64>()
 }
 
 /// What makes a data phase the same phase: where, what and how.
@@ -177,10 +187,14 @@ pub fn compare(original: &Model, replay: &Model) -> Comparison {
             check(format!("/{dir} metadata phase {i}"), text(xs), text(ys));
         }
     }
-    let io = (a.io_time_ns, b.io_time_ns);
+    let io = (phases_io_time(original), phases_io_time(replay));
     Comparison {
         checks,
         io_time_ns: io,
+        other_io_time_ns: (
+            a.io_time_ns.saturating_sub(io.0),
+            b.io_time_ns.saturating_sub(io.1),
+        ),
         wall_ns: (a.wall_ns, b.wall_ns),
         io_time_ratio: (io.0 > 0).then(|| io.1 as f64 / io.0 as f64),
     }
@@ -227,7 +241,7 @@ impl Comparison {
         let secs = |ns: u64| ns as f64 / 1e9;
         let _ = write!(
             out,
-            "I/O time: original {:.3} s, replay {:.3} s",
+            "I/O time in phases: original {:.3} s, replay {:.3} s",
             secs(self.io_time_ns.0),
             secs(self.io_time_ns.1)
         );
@@ -243,10 +257,70 @@ impl Comparison {
         }
         let _ = writeln!(
             out,
+            "I/O time outside phases (not replayed): original {:.3} s, replay {:.3} s",
+            secs(self.other_io_time_ns.0),
+            secs(self.other_io_time_ns.1)
+        );
+        let _ = writeln!(
+            out,
             "wall time: original {:.3} s, replay {:.3} s",
             secs(self.wall_ns.0),
             secs(self.wall_ns.1)
         );
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synthetic;
+
+    fn timed(mut m: Model, ns: u64) -> Model {
+        for p in &mut m.phases {
+            p.io_time_ns = ns;
+        }
+        m.application.io_time_ns = ns * m.phases.len() as u64 + 5;
+        m
+    }
+
+    #[test]
+    fn the_same_shape_matches_and_times_are_compared() {
+        let a = timed(synthetic::read_then_write(4, 100), 1000);
+        let b = timed(synthetic::read_then_write(4, 100), 1050);
+        let c = compare(&a, &b);
+        assert!(c.shape_matches(), "{}", c.text(true));
+        assert_eq!(c.io_time_ns, (2000, 2100));
+        assert_eq!(c.other_io_time_ns, (5, 5));
+        assert!(c.io_time_ratio.is_some_and(|r| (r - 1.05).abs() < 1e-9));
+        assert!(c.text(false).contains("within 10 %"), "{}", c.text(false));
+    }
+
+    #[test]
+    fn another_request_size_or_a_missing_burst_differs() {
+        let a = synthetic::read_then_write(4, 100);
+        let mut b = a.clone();
+        b.phases[1].request_size = 50;
+        let c = compare(&a, &b);
+        assert!(!c.shape_matches());
+        let differ: Vec<&str> = (c.checks.iter())
+            .filter(|k| !k.matches)
+            .map(|k| k.what.as_str())
+            .collect();
+        assert_eq!(differ, ["/data/out phase 0"]);
+        assert!(c.text(false).contains("DIFFERS"));
+
+        let a = synthetic::create_stat_unlink(2, 10);
+        let mut b = a.clone();
+        b.meta_phases.pop();
+        let c = compare(&a, &b);
+        let differ: Vec<&str> = (c.checks.iter())
+            .filter(|k| !k.matches)
+            .map(|k| k.what.as_str())
+            .collect();
+        assert_eq!(
+            differ,
+            ["unlinks", "metadata phases", "/burst metadata phase 2"]
+        );
     }
 }

@@ -468,3 +468,88 @@ fn push_notes(out: &mut String, comment: &str, notes: &[String]) {
         let _ = writeln!(out, "{comment}   {n}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{synthetic, SizeCount};
+
+    #[test]
+    fn phases_wait_only_for_those_that_ended_before() {
+        assert_eq!(ordered(&synthetic::read_then_write(2, 8).phases), [false, true]);
+        assert_eq!(
+            ordered(&synthetic::file_per_process(3, 2, 8).phases),
+            [false, false, false]
+        );
+    }
+
+    #[test]
+    fn fio_strides_processes_over_a_shared_file() {
+        let job = fio(&synthetic::shared_strided(4, 16, 4096));
+        for line in [
+            "filename=shared",
+            "rw=write:12288",
+            "bs=4096",
+            "offset_increment=4096",
+            "io_size=65536",
+            "numjobs=4",
+        ] {
+            assert!(job.lines().any(|l| l == line), "{line} in\n{job}");
+        }
+        assert!(job.contains("approximations: none"), "{job}");
+    }
+
+    #[test]
+    fn fio_splits_sizes_and_escapes_names() {
+        let mut m = synthetic::random_reads(10, 4096, 1 << 20);
+        m.files[0].path = "/a:b".into();
+        m.phases[0].sizes = vec![
+            SizeCount {
+                size: 4096,
+                count: 7,
+            },
+            SizeCount {
+                size: 512,
+                count: 3,
+            },
+        ];
+        let job = fio(&m);
+        assert!(job.lines().any(|l| l == "filename=a\\:b"), "{job}");
+        assert!(job.lines().any(|l| l == "bssplit=4096/70:512/30"), "{job}");
+        assert!(job.lines().any(|l| l == "rw=randread"), "{job}");
+        assert!(job.contains("2 request sizes, as shares of bssplit"), "{job}");
+    }
+
+    #[test]
+    fn ior_lays_out_strided_processes_as_segments_and_lists_what_it_rounded() {
+        let script = ior(&synthetic::shared_strided(4, 16, 4096));
+        for line in ["transferSize=4096", "blockSize=4096", "segmentCount=16", "numTasks=4"] {
+            assert!(script.lines().any(|l| l.trim() == line), "{line} in\n{script}");
+        }
+        let script = ior(&synthetic::file_per_process(1, 3, 1001));
+        assert!(script.contains("request size 1001 rounded up to 1008"), "{script}");
+        assert!(script.lines().any(|l| l.trim() == "blockSize=3024"), "{script}");
+        let reads = ior(&synthetic::read_then_write(2, 8));
+        assert!(reads.contains("reads a file that existed before"), "{reads}");
+        assert_eq!(reads.lines().filter(|l| *l == "RUN").count(), 2);
+    }
+
+    #[test]
+    fn mdtest_makes_stats_and_removes_per_directory() {
+        let md = mdtest(&synthetic::create_stat_unlink(4, 64));
+        assert!(
+            md.lines()
+                .any(|l| l == "mpirun -np 4 mdtest -F -C -T -r -n 16 -d DIR/burst"),
+            "{md}"
+        );
+        assert!(md.contains("approximations: none"), "{md}");
+        let mut m = synthetic::create_stat_unlink(1, 10);
+        m.meta_phases[1].ops = 25;
+        m.meta_phases
+            .push(synthetic::meta_phase(MetaKind::List, "/burst", &[100], 9, 4));
+        let md = mdtest(&m);
+        assert!(md.contains("25 stats; mdtest stats each of its 10 items once"), "{md}");
+        assert!(md.contains("9 listings have no mdtest phase"), "{md}");
+        assert!(mdtest(&synthetic::read_then_write(1, 1)).contains("no metadata phase"));
+    }
+}
