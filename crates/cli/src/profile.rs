@@ -9,15 +9,26 @@ use tessera_trace::{Item, Reader};
 
 #[derive(clap::Args, Debug)]
 pub struct ProfileArgs {
-    /// A trace file (`tessera mount --trace`, `tessera trace start`, a traced client).
+    /// A trace file (`tessera mount --trace`, `tessera trace start`, a traced client), or a
+    /// Parquet table of records (`tessera trace export --format parquet`, `python -m
+    /// tessera.darshan`).
     trace: PathBuf,
     /// Write the model (JSON) here; `-` for standard output (default: TRACE.model.json).
     #[arg(short, long)]
     output: Option<PathBuf>,
 }
 
-/// The model of the trace at `path`, read in one pass.
+/// The model of the trace at `path`, read in one pass, or of the Parquet table of records
+/// there.
 pub fn profile_trace(path: &Path) -> Result<Model> {
+    let mut magic = [0u8; 4];
+    let parquet = std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+        .is_ok()
+        && &magic == b"PAR1";
+    if parquet {
+        return profile_table(path);
+    }
     let mut r = Reader::open(path).with_context(|| format!("reading {}", path.display()))?;
     let h = r.header().clone();
     let mut p = Profiler::new(Limits::default());
@@ -31,15 +42,45 @@ pub fn profile_trace(path: &Path) -> Result<Model> {
             Item::End { .. } => {}
         }
     }
-    let name = path.file_name().unwrap_or(path.as_os_str());
     Ok(p.finish(Source {
-        trace: name.to_string_lossy().into_owned(),
+        trace: file_name(path),
         traced_by: h.source,
         mode: h.mode.name().into(),
         start_unix_ns: h.unix_ns,
         records: 0,
         dropped: 0,
     }))
+}
+
+fn file_name(path: &Path) -> String {
+    let name = path.file_name().unwrap_or(path.as_os_str());
+    name.to_string_lossy().into_owned()
+}
+
+#[cfg(feature = "parquet")]
+fn profile_table(path: &Path) -> Result<Model> {
+    let t = crate::trace_parquet::read(path)?;
+    let mut p = Profiler::new(Limits::default());
+    for r in &t.records {
+        p.push(r);
+    }
+    let mode = t.records.first().map(|r| r.mode.name().to_string());
+    Ok(p.finish(Source {
+        trace: file_name(path),
+        traced_by: t.source.unwrap_or_else(|| "a table".into()),
+        mode: t.mode.or(mode).unwrap_or_default(),
+        start_unix_ns: t.clock_unix_ns,
+        records: 0,
+        dropped: 0,
+    }))
+}
+
+#[cfg(not(feature = "parquet"))]
+fn profile_table(path: &Path) -> Result<Model> {
+    anyhow::bail!(
+        "{} is a Parquet table, and this tessera was built without Parquet (feature `parquet`)",
+        path.display()
+    )
 }
 
 pub fn run(args: &ProfileArgs) -> Result<()> {

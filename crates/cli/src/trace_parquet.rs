@@ -157,3 +157,126 @@ pub fn export(trace: &Path, (from, to): (u64, u64), out: &Path) -> Result<()> {
     w.close()?;
     Ok(())
 }
+
+/// A table of records read back ([`read`]), with what its metadata says of where it came from.
+pub struct Table {
+    pub records: Vec<Record>,
+    /// `tessera.source` and `tessera.mode`, when the table says.
+    pub source: Option<String>,
+    pub mode: Option<String>,
+    pub clock_unix_ns: u64,
+}
+
+/// The records of a Parquet table with the export's columns, read whole and put in order of
+/// start (a table another tool wrote, such as a Darshan log through `tessera.darshan`, is in
+/// no particular order). `op`, `pid`, `offset`, `size`, `start_ns`, `end_ns` and `result` are
+/// required, of any integer type; the others may be missing (a missing `ino` is a hash of
+/// `path`).
+pub fn read(path: &Path) -> Result<Table> {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let what = || format!("reading {}", path.display());
+    let file = std::fs::File::open(path).with_context(what)?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).with_context(what)?;
+    let meta = |key: &str| {
+        let kv = builder.metadata().file_metadata().key_value_metadata()?;
+        kv.iter().find(|k| k.key == key)?.value.clone()
+    };
+    let (source, mode) = (meta("tessera.source"), meta("tessera.mode"));
+    let clock_unix_ns = meta("tessera.clock_unix_ns")
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let mut records = Vec::new();
+    for batch in builder.build().with_context(what)? {
+        let batch = batch.with_context(what)?;
+        columns_to_records(&batch, &mut records).with_context(what)?;
+    }
+    records.sort_by_key(|r| (r.start_ns, r.end_ns));
+    Ok(Table {
+        records,
+        source,
+        mode,
+        clock_unix_ns,
+    })
+}
+
+fn columns_to_records(batch: &RecordBatch, out: &mut Vec<Record>) -> Result<()> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Int64Type, UInt32Type, UInt64Type};
+    use arrow_array::Array;
+    let column = |name: &str, t: &DataType, required: bool| -> Result<Option<ArrayRef>> {
+        match batch.column_by_name(name) {
+            Some(c) => Ok(Some(
+                arrow_cast::cast(c, t).with_context(|| format!("column {name:?} is not {t}"))?,
+            )),
+            None if required => anyhow::bail!("no column {name:?}"),
+            None => Ok(None),
+        }
+    };
+    let u64s =
+        |name, required| -> Result<Option<ArrayRef>> { column(name, &DataType::UInt64, required) };
+    let text = |name| column(name, &DataType::Utf8, false);
+    let req = |c: Option<ArrayRef>| c.ok_or_else(|| anyhow::anyhow!("a required column"));
+    let op = req(column("op", &DataType::Utf8, true)?)?;
+    let pid = req(column("pid", &DataType::UInt32, true)?)?;
+    let offset = req(u64s("offset", true)?)?;
+    let size = req(u64s("size", true)?)?;
+    let start = req(u64s("start_ns", true)?)?;
+    let end = req(u64s("end_ns", true)?)?;
+    let result = req(column("result", &DataType::Int64, true)?)?;
+    let (ino, server) = (u64s("ino", false)?, u64s("server_size", false)?);
+    let uid = column("uid", &DataType::UInt32, false)?;
+    let flags = column("flags", &DataType::UInt32, false)?;
+    let via = column("via_handle", &DataType::Boolean, false)?;
+    let (mode, exe, path, target) = (text("mode")?, text("exe")?, text("path")?, text("target")?);
+    let s = |c: &Option<ArrayRef>, i: usize| -> Option<Arc<str>> {
+        let c = c.as_ref()?.as_string::<i32>();
+        (!c.is_null(i)).then(|| Arc::from(c.value(i)))
+    };
+    let u = |c: &ArrayRef, i: usize| c.as_primitive::<UInt64Type>().value(i);
+    let u32_or_0 = |c: &Option<ArrayRef>, i: usize| {
+        c.as_ref()
+            .filter(|c| !c.is_null(i))
+            .map_or(0, |c| c.as_primitive::<UInt32Type>().value(i))
+    };
+    let ops = op.as_string::<i32>();
+    for i in 0..batch.num_rows() {
+        let name = ops.value(i);
+        let Some(&op) = tessera_trace::Op::ALL.iter().find(|o| o.name() == name) else {
+            anyhow::bail!("row {i}: unknown operation {name:?}");
+        };
+        let path = s(&path, i);
+        let ino = match &ino {
+            Some(c) if !c.is_null(i) => u(c, i),
+            _ => path.as_deref().map_or(0, name_hash),
+        };
+        out.push(Record {
+            op,
+            mode: s(&mode, i)
+                .and_then(|m| tessera_trace::Mode::from_name(&m))
+                .unwrap_or(tessera_trace::Mode::Library),
+            via_handle: via.as_ref().is_some_and(|c| c.as_boolean().value(i)),
+            pid: pid.as_primitive::<UInt32Type>().value(i),
+            uid: u32_or_0(&uid, i),
+            exe: s(&exe, i),
+            ino,
+            path,
+            target: s(&target, i),
+            offset: u(&offset, i),
+            size: u(&size, i),
+            server_size: server.as_ref().filter(|c| !c.is_null(i)).map(|c| u(c, i)),
+            flags: u32_or_0(&flags, i),
+            start_ns: u(&start, i),
+            end_ns: u(&end, i),
+            result: result.as_primitive::<Int64Type>().value(i),
+        });
+    }
+    Ok(())
+}
+
+/// An inode number for a file known by name only.
+fn name_hash(path: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    path.hash(&mut h);
+    h.finish() | 1
+}

@@ -4,6 +4,10 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+// Not every test binary uses it.
+#[allow(dead_code)]
+pub mod traced;
+
 pub const TESSERA: &str = env!("CARGO_BIN_EXE_tessera");
 
 pub fn free_port() -> u16 {
