@@ -50,7 +50,8 @@ enum Export {
 }
 
 fn load(path: &Path) -> Result<Model> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     Model::from_json(&text).with_context(|| format!("{}", path.display()))
 }
 
@@ -133,16 +134,30 @@ fn table(r: &Report, out: &mut impl Write) -> Result<()> {
         r.dir.display(),
         r.processes,
         r.phases.len(),
-        if r.think_time { ", with think time" } else { "" },
+        if r.think_time {
+            ", with think time"
+        } else {
+            ""
+        },
         human(r.prepared_bytes)
     )?;
-    let width = r.phases.iter().map(|p| p.what.len()).max().unwrap_or(0).max(5);
+    let width = r
+        .phases
+        .iter()
+        .map(|p| p.what.len())
+        .max()
+        .unwrap_or(0)
+        .max(5);
     writeln!(
         out,
         "{:>6}  {:width$}  {:>3}  {:>10}  {:>8}  {:>6}  {:>9}  {:>9}  {:>12}  {:>9}",
         "phase", "what", "np", "bytes", "ops", "errors", "I/O time", "wall", "rate", "ops/s"
     )?;
-    let line = |out: &mut dyn Write, id: &str, what: &str, np: String, m: &tessera_replay::Measure| {
+    let line = |out: &mut dyn Write,
+                id: &str,
+                what: &str,
+                np: String,
+                m: &tessera_replay::Measure| {
         writeln!(
             out,
             "{id:>6}  {what:width$}  {np:>3}  {:>10}  {:>8}  {:>6}  {:>7.3} s  {:>7.3} s  {:>10}/s  {:>9.0}",
@@ -186,7 +201,13 @@ mod tests {
         let text = String::from_utf8(out).expect("text");
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 5, "{text}");
-        assert!(lines[2].contains("d0") && lines[2].contains("read /data/in"), "{text}");
-        assert!(lines[4].trim_start().starts_with("total") && lines[4].contains("8.0 KiB"), "{text}");
+        assert!(
+            lines[2].contains("d0") && lines[2].contains("read /data/in"),
+            "{text}"
+        );
+        assert!(
+            lines[4].trim_start().starts_with("total") && lines[4].contains("8.0 KiB"),
+            "{text}"
+        );
     }
 }

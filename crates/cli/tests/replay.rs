@@ -36,7 +36,10 @@ fn models() -> Vec<(&'static str, Model)> {
     let burst = synthetic::create_stat_unlink(2, 16);
     mixed.meta_phases = burst.meta_phases;
     vec![
-        ("file-per-process", synthetic::file_per_process(4, 16, 65536)),
+        (
+            "file-per-process",
+            synthetic::file_per_process(4, 16, 65536),
+        ),
         ("shared-strided", synthetic::shared_strided(4, 16, 4096)),
         ("random-reads", synthetic::random_reads(64, 4096, 1 << 20)),
         ("read-then-write", synthetic::read_then_write(16, 65536)),
@@ -57,7 +60,14 @@ fn fio_parses_every_export_and_ior_scripts_hold_a_run_per_phase() {
     for (name, m) in models() {
         let model = write_model(home.path(), name, &m);
         let job = home.path().join(format!("{name}.fio"));
-        let o = tessera(&[os("replay"), os(&model), os("--export"), os("fio"), os("-o"), os(&job)]);
+        let o = tessera(&[
+            os("replay"),
+            os(&model),
+            os("--export"),
+            os("fio"),
+            os("-o"),
+            os(&job),
+        ]);
         assert!(o.status.success(), "{name}: {}", text(&o));
         let parsed = Command::new("fio")
             .arg("--parse-only")
@@ -71,7 +81,11 @@ fn fio_parses_every_export_and_ior_scripts_hold_a_run_per_phase() {
             text(&parsed)
         );
         let sections = job_text.lines().filter(|l| l.starts_with("[phase")).count();
-        assert_eq!(sections, m.phases.len(), "{name}: a job per phase\n{job_text}");
+        assert_eq!(
+            sections,
+            m.phases.len(),
+            "{name}: a job per phase\n{job_text}"
+        );
 
         let o = tessera(&[os("replay"), os(&model), os("--export"), os("ior")]);
         assert!(o.status.success(), "{name}: {}", text(&o));
@@ -79,7 +93,10 @@ fn fio_parses_every_export_and_ior_scripts_hold_a_run_per_phase() {
         let lines: Vec<&str> = ior.lines().map(str::trim).collect();
         let start = lines.iter().position(|l| *l == "IOR START");
         let stop = lines.iter().position(|l| *l == "IOR STOP");
-        assert!(matches!((start, stop), (Some(a), Some(b)) if a < b), "{name}:\n{ior}");
+        assert!(
+            matches!((start, stop), (Some(a), Some(b)) if a < b),
+            "{name}:\n{ior}"
+        );
         assert_eq!(
             lines.iter().filter(|l| **l == "RUN").count(),
             m.phases.len(),
@@ -92,13 +109,23 @@ fn fio_parses_every_export_and_ior_scripts_hold_a_run_per_phase() {
                 .and_then(|v| v.strip_prefix('='))
                 .and_then(|v| v.parse::<u64>().ok())
         };
-        let t: Vec<u64> = lines.iter().filter_map(|l| value(l, "transferSize")).collect();
+        let t: Vec<u64> = lines
+            .iter()
+            .filter_map(|l| value(l, "transferSize"))
+            .collect();
         let b: Vec<u64> = lines.iter().filter_map(|l| value(l, "blockSize")).collect();
-        assert_eq!((t.len(), b.len()), (m.phases.len(), m.phases.len()), "{name}:\n{ior}");
+        assert_eq!(
+            (t.len(), b.len()),
+            (m.phases.len(), m.phases.len()),
+            "{name}:\n{ior}"
+        );
         for (t, b) in t.iter().zip(&b) {
             assert!(t % 8 == 0 && b % t == 0, "{name}: -t {t} -b {b}\n{ior}");
         }
-        assert!(ior.lines().take_while(|l| l.starts_with('#')).any(|l| l.contains("approximations")));
+        assert!(ior
+            .lines()
+            .take_while(|l| l.starts_with('#'))
+            .any(|l| l.contains("approximations")));
 
         let o = tessera(&[os("replay"), os(&model), os("--export"), os("mdtest")]);
         assert!(o.status.success(), "{name}: {}", text(&o));
@@ -121,10 +148,20 @@ fn a_replay_prints_its_phases_and_writes_json() {
     let dir = home.path().join("run");
     std::fs::create_dir(&dir).expect("the replay directory");
     let json = home.path().join("out.json");
-    let o = tessera(&[os("replay"), os(&model), os("--dir"), os(&dir), os("--json"), os(&json)]);
+    let o = tessera(&[
+        os("replay"),
+        os(&model),
+        os("--dir"),
+        os(&dir),
+        os("--json"),
+        os(&json),
+    ]);
     assert!(o.status.success(), "{}", text(&o));
     let table = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(table.contains("read /data/in") && table.contains("write /data/out"), "{table}");
+    assert!(
+        table.contains("read /data/in") && table.contains("write /data/out"),
+        "{table}"
+    );
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON")).expect("JSON");
     assert_eq!(report["total"]["bytes"], 2 * 16 * 65536);
@@ -138,8 +175,11 @@ fn bad_inputs_are_clear_errors() {
     let m = synthetic::file_per_process(1, 1, 10);
     let model = write_model(home.path(), "m", &m);
     let other = home.path().join("other.json");
-    std::fs::write(&other, m.to_json().replace("tessera.model/1", "tessera.model/9"))
-        .expect("a model");
+    std::fs::write(
+        &other,
+        m.to_json().replace("tessera.model/1", "tessera.model/9"),
+    )
+    .expect("a model");
     let o = tessera(&[os("replay"), os(&other), os("--dir"), os(home.path())]);
     assert!(!o.status.success());
     assert!(text(&o).contains("tessera.model/9"), "{}", text(&o));
@@ -162,7 +202,14 @@ fn a_check_compares_the_replay_with_the_original() {
     let make_trace = |name: &str, m: &Model| -> PathBuf {
         let model = write_model(home.path(), name, m);
         let dir = traces.join(name);
-        let o = tessera(&[os("replay"), os(&model), os("--dir"), os(&run), os("--trace"), os(&dir)]);
+        let o = tessera(&[
+            os("replay"),
+            os(&model),
+            os("--dir"),
+            os(&run),
+            os("--trace"),
+            os(&dir),
+        ]);
         assert!(o.status.success(), "{}", text(&o));
         let t = std::fs::read_dir(&dir)
             .expect("a trace")
@@ -177,16 +224,33 @@ fn a_check_compares_the_replay_with_the_original() {
     let o = tessera(&[os("profile"), os(&original), os("-o"), os(&profiled)]);
     assert!(o.status.success(), "{}", text(&o));
 
-    let o = tessera(&[os("replay"), os(&profiled), os("--dir"), os(&run), os("--check"), os(&original)]);
+    let o = tessera(&[
+        os("replay"),
+        os(&profiled),
+        os("--dir"),
+        os(&run),
+        os("--check"),
+        os(&original),
+    ]);
     let out = text(&o);
     assert!(o.status.success(), "{out}");
     assert!(out.contains("shape:") && !out.contains("DIFFERS"), "{out}");
     assert!(out.contains("I/O time in phases: original"), "{out}");
 
-    let o = tessera(&[os("replay"), os(&profiled), os("--dir"), os(&run), os("--check"), os(&other)]);
+    let o = tessera(&[
+        os("replay"),
+        os(&profiled),
+        os("--dir"),
+        os(&run),
+        os("--check"),
+        os(&other),
+    ]);
     let out = text(&o);
     assert!(!o.status.success(), "{out}");
-    assert!(out.contains("DIFFERS") && out.contains("did not do what the original did"), "{out}");
+    assert!(
+        out.contains("DIFFERS") && out.contains("did not do what the original did"),
+        "{out}"
+    );
 }
 
 /// A program traced through a real mount (`dd`, 64 KiB writes, and `cat` reading the file
@@ -239,12 +303,22 @@ fn a_traced_program_replays_with_its_shape_through_a_mount() {
         if m.is_ok_and(|m| m.application.writes >= 32) {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "the trace holds dd's writes");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the trace holds dd's writes"
+        );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     let run = mnt.join("replay");
     std::fs::create_dir(&run).expect("a replay directory in the mount");
-    let o = tessera(&[os("replay"), os(&model), os("--dir"), os(&run), os("--check"), os(&trace)]);
+    let o = tessera(&[
+        os("replay"),
+        os(&model),
+        os("--dir"),
+        os(&run),
+        os("--check"),
+        os(&trace),
+    ]);
     let out = text(&o);
     assert!(o.status.success(), "{out}");
     assert!(out.contains("dd.out") && !out.contains("DIFFERS"), "{out}");

@@ -141,14 +141,26 @@ pub fn compare(original: &Model, replay: &Model) -> Comparison {
         meta_counts(&original.meta_phases),
         meta_counts(&replay.meta_phases),
     );
-    for kind in ma.keys().chain(mb.keys()).collect::<std::collections::BTreeSet<_>>() {
+    for kind in ma
+        .keys()
+        .chain(mb.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+    {
         let n = |m: &BTreeMap<MetaKind, u64>| m.get(kind).copied().unwrap_or(0).to_string();
         check(meta_name(*kind).into(), n(&ma), n(&mb));
     }
     let (sa, sb) = (sizes(original), sizes(replay));
-    for key in sa.keys().chain(sb.keys()).collect::<std::collections::BTreeSet<_>>() {
+    for key in sa
+        .keys()
+        .chain(sb.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+    {
         let n = |m: &BTreeMap<(DataOp, u64), u64>| m.get(key).copied().unwrap_or(0).to_string();
-        let op = if key.0 == DataOp::Read { "reads" } else { "writes" };
+        let op = if key.0 == DataOp::Read {
+            "reads"
+        } else {
+            "writes"
+        };
         check(format!("{op} of {} bytes", key.1), n(&sa), n(&sb));
     }
     check(
@@ -157,7 +169,11 @@ pub fn compare(original: &Model, replay: &Model) -> Comparison {
         replay.phases.len().to_string(),
     );
     let (pa, pb) = (phases_by_file(original), phases_by_file(replay));
-    for path in pa.keys().chain(pb.keys()).collect::<std::collections::BTreeSet<_>>() {
+    for path in pa
+        .keys()
+        .chain(pb.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+    {
         let (xs, ys) = (pa.get(path), pb.get(path));
         let n = xs.map_or(0, Vec::len).max(ys.map_or(0, Vec::len));
         for i in 0..n {
@@ -174,7 +190,11 @@ pub fn compare(original: &Model, replay: &Model) -> Comparison {
         replay.meta_phases.len().to_string(),
     );
     let (da, db) = (meta_by_dir(original), meta_by_dir(replay));
-    for dir in da.keys().chain(db.keys()).collect::<std::collections::BTreeSet<_>>() {
+    for dir in da
+        .keys()
+        .chain(db.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+    {
         let (xs, ys) = (da.get(dir), db.get(dir));
         let n = xs.map_or(0, Vec::len).max(ys.map_or(0, Vec::len));
         for i in 0..n {

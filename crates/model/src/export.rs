@@ -108,7 +108,10 @@ pub fn fio(m: &Model) -> String {
 
 fn fio_job(m: &Model, p: &Phase, wait: bool, out: &mut String, notes: &mut Vec<String>) {
     let Some(file) = m.file(p.file) else {
-        notes.push(format!("phase {}: its file {} is not in the model", p.id, p.file));
+        notes.push(format!(
+            "phase {}: its file {} is not in the model",
+            p.id, p.file
+        ));
         return;
     };
     let bs = p.request_size.max(1);
@@ -120,16 +123,29 @@ fn fio_job(m: &Model, p: &Phase, wait: bool, out: &mut String, notes: &mut Vec<S
         ));
     }
     let np = p.processes.len().max(1);
-    let first = p.processes.iter().map(|q| q.initial_offset).min().unwrap_or(0);
+    let first = p
+        .processes
+        .iter()
+        .map(|q| q.initial_offset)
+        .min()
+        .unwrap_or(0);
     let io_size = ops * bs;
     let (rw, offset, size) = match (p.access, p.displacement) {
         (AccessMode::Random, _) => {
-            let rw = if p.op == DataOp::Read { "randread" } else { "randwrite" };
+            let rw = if p.op == DataOp::Read {
+                "randread"
+            } else {
+                "randwrite"
+            };
             let span = p.offset_max.saturating_sub(p.offset_min).max(bs);
             (rw.to_string(), p.offset_min, span)
         }
         (_, Some(d)) if d != bs as i64 => {
-            let rw = if p.op == DataOp::Read { "read" } else { "write" };
+            let rw = if p.op == DataOp::Read {
+                "read"
+            } else {
+                "write"
+            };
             let step = d.unsigned_abs().max(bs);
             if d < bs as i64 {
                 notes.push(format!(
@@ -140,7 +156,11 @@ fn fio_job(m: &Model, p: &Phase, wait: bool, out: &mut String, notes: &mut Vec<S
             (format!("{rw}:{}", step - bs), first, ops * step)
         }
         _ => {
-            let rw = if p.op == DataOp::Read { "read" } else { "write" };
+            let rw = if p.op == DataOp::Read {
+                "read"
+            } else {
+                "write"
+            };
             (rw.to_string(), first, io_size)
         }
     };
@@ -155,7 +175,11 @@ fn fio_job(m: &Model, p: &Phase, wait: bool, out: &mut String, notes: &mut Vec<S
                 "phase {}: {} request sizes, as shares of bssplit{}",
                 p.id,
                 p.sizes.len(),
-                if dropped { " (sizes under 1 % left out)" } else { "" }
+                if dropped {
+                    " (sizes under 1 % left out)"
+                } else {
+                    ""
+                }
             ));
         }
         None => {
@@ -253,7 +277,10 @@ pub fn ior(m: &Model) -> String {
 
 fn ior_run(m: &Model, p: &Phase, out: &mut String, notes: &mut Vec<String>) {
     let Some(file) = m.file(p.file) else {
-        notes.push(format!("phase {}: its file {} is not in the model", p.id, p.file));
+        notes.push(format!(
+            "phase {}: its file {} is not in the model",
+            p.id, p.file
+        ));
         return;
     };
     let id = p.id;
@@ -265,7 +292,7 @@ fn ior_run(m: &Model, p: &Phase, out: &mut String, notes: &mut Vec<String>) {
         ));
     }
     let mut t = p.request_size.max(8);
-    if t % 8 != 0 {
+    if !t.is_multiple_of(8) {
         t = t.next_multiple_of(8);
         notes.push(format!(
             "phase {id}: request size {} rounded up to {t} (a multiple of 8)",
@@ -279,7 +306,12 @@ fn ior_run(m: &Model, p: &Phase, out: &mut String, notes: &mut Vec<String>) {
             p.request_size
         ));
     }
-    let first = p.processes.iter().map(|q| q.initial_offset).min().unwrap_or(0);
+    let first = p
+        .processes
+        .iter()
+        .map(|q| q.initial_offset)
+        .min()
+        .unwrap_or(0);
     if first != 0 && p.access != AccessMode::Random {
         notes.push(format!(
             "phase {id}: starts at offset {first}; IOR starts at 0"
@@ -476,7 +508,10 @@ mod tests {
 
     #[test]
     fn phases_wait_only_for_those_that_ended_before() {
-        assert_eq!(ordered(&synthetic::read_then_write(2, 8).phases), [false, true]);
+        assert_eq!(
+            ordered(&synthetic::read_then_write(2, 8).phases),
+            [false, true]
+        );
         assert_eq!(
             ordered(&synthetic::file_per_process(3, 2, 8).phases),
             [false, false, false]
@@ -517,20 +552,40 @@ mod tests {
         assert!(job.lines().any(|l| l == "filename=a\\:b"), "{job}");
         assert!(job.lines().any(|l| l == "bssplit=4096/70:512/30"), "{job}");
         assert!(job.lines().any(|l| l == "rw=randread"), "{job}");
-        assert!(job.contains("2 request sizes, as shares of bssplit"), "{job}");
+        assert!(
+            job.contains("2 request sizes, as shares of bssplit"),
+            "{job}"
+        );
     }
 
     #[test]
     fn ior_lays_out_strided_processes_as_segments_and_lists_what_it_rounded() {
         let script = ior(&synthetic::shared_strided(4, 16, 4096));
-        for line in ["transferSize=4096", "blockSize=4096", "segmentCount=16", "numTasks=4"] {
-            assert!(script.lines().any(|l| l.trim() == line), "{line} in\n{script}");
+        for line in [
+            "transferSize=4096",
+            "blockSize=4096",
+            "segmentCount=16",
+            "numTasks=4",
+        ] {
+            assert!(
+                script.lines().any(|l| l.trim() == line),
+                "{line} in\n{script}"
+            );
         }
         let script = ior(&synthetic::file_per_process(1, 3, 1001));
-        assert!(script.contains("request size 1001 rounded up to 1008"), "{script}");
-        assert!(script.lines().any(|l| l.trim() == "blockSize=3024"), "{script}");
+        assert!(
+            script.contains("request size 1001 rounded up to 1008"),
+            "{script}"
+        );
+        assert!(
+            script.lines().any(|l| l.trim() == "blockSize=3024"),
+            "{script}"
+        );
         let reads = ior(&synthetic::read_then_write(2, 8));
-        assert!(reads.contains("reads a file that existed before"), "{reads}");
+        assert!(
+            reads.contains("reads a file that existed before"),
+            "{reads}"
+        );
         assert_eq!(reads.lines().filter(|l| *l == "RUN").count(), 2);
     }
 
@@ -545,10 +600,18 @@ mod tests {
         assert!(md.contains("approximations: none"), "{md}");
         let mut m = synthetic::create_stat_unlink(1, 10);
         m.meta_phases[1].ops = 25;
-        m.meta_phases
-            .push(synthetic::meta_phase(MetaKind::List, "/burst", &[100], 9, 4));
+        m.meta_phases.push(synthetic::meta_phase(
+            MetaKind::List,
+            "/burst",
+            &[100],
+            9,
+            4,
+        ));
         let md = mdtest(&m);
-        assert!(md.contains("25 stats; mdtest stats each of its 10 items once"), "{md}");
+        assert!(
+            md.contains("25 stats; mdtest stats each of its 10 items once"),
+            "{md}"
+        );
         assert!(md.contains("9 listings have no mdtest phase"), "{md}");
         assert!(mdtest(&synthetic::read_then_write(1, 1)).contains("no metadata phase"));
     }

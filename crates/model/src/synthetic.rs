@@ -242,7 +242,17 @@ pub fn file_per_process(np: u32, ops: u64, rs: u64) -> Model {
         .map(|i| {
             let span = (0, ops * rs);
             let d = Some(rs as i64);
-            phase(i, DataOp::Write, AccessMode::Sequential, &[(100 + i, 0)], ops, rs, d, span, 0)
+            phase(
+                i,
+                DataOp::Write,
+                AccessMode::Sequential,
+                &[(100 + i, 0)],
+                ops,
+                rs,
+                d,
+                span,
+                0,
+            )
         })
         .collect();
     model(files, phases, Vec::new())
@@ -254,14 +264,34 @@ pub fn shared_strided(np: u32, ops: u64, rs: u64) -> Model {
     let size = ops * u64::from(np) * rs;
     let procs: Vec<(u32, u64)> = (0..np).map(|i| (100 + i, u64::from(i) * rs)).collect();
     let d = Some(i64::from(np) * rs as i64);
-    let p = phase(0, DataOp::Write, AccessMode::Strided, &procs, ops, rs, d, (0, size), 0);
+    let p = phase(
+        0,
+        DataOp::Write,
+        AccessMode::Strided,
+        &procs,
+        ops,
+        rs,
+        d,
+        (0, size),
+        0,
+    );
     model(vec![file("/shared", true, size)], vec![p], Vec::new())
 }
 
 /// One process reading `ops` requests of `rs` bytes at random from `/input`, a file of `size`
 /// bytes that was there before.
 pub fn random_reads(ops: u64, rs: u64, size: u64) -> Model {
-    let p = phase(0, DataOp::Read, AccessMode::Random, &[(100, 0)], ops, rs, None, (0, size), 0);
+    let p = phase(
+        0,
+        DataOp::Read,
+        AccessMode::Random,
+        &[(100, 0)],
+        ops,
+        rs,
+        None,
+        (0, size),
+        0,
+    );
     model(vec![file("/input", false, size)], vec![p], Vec::new())
 }
 

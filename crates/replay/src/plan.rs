@@ -273,7 +273,8 @@ const LIST_DIR: &str = "replay-list";
 impl Names {
     fn new(m: &Model, file_paths: &[PathBuf], meta_dirs: &[PathBuf]) -> Names {
         let mut dirs: BTreeMap<PathBuf, DirState> = BTreeMap::new();
-        let mut made: Vec<&tessera_model::FileModel> = m.files.iter().filter(|f| f.created).collect();
+        let mut made: Vec<&tessera_model::FileModel> =
+            m.files.iter().filter(|f| f.created).collect();
         made.sort_by_key(|f| (f.first_ns, f.id));
         for d in meta_dirs {
             dirs.entry(d.clone()).or_default();
@@ -363,10 +364,7 @@ impl Names {
                     };
                     let to = fresh(k, prepare);
                     st.made.push_back(to);
-                    MetaOp {
-                        name,
-                        to: Some(to),
-                    }
+                    MetaOp { name, to: Some(to) }
                 }
                 MetaKind::Mkdir => {
                     let n = fresh(k, prepare);
@@ -433,7 +431,8 @@ impl Random {
     fn offset(&mut self, rs: u64, size: u64) -> u64 {
         let extends = |run: &[(u64, u64)], at: u64| match run {
             [(o1, e1), (o2, e2)] => {
-                (*e1 == *o2 && at == *e2) || (*o2 as i128 - *o1 as i128) == (at as i128 - *o2 as i128)
+                (*e1 == *o2 && at == *e2)
+                    || (*o2 as i128 - *o1 as i128) == (at as i128 - *o2 as i128)
             }
             _ => false,
         };
@@ -631,7 +630,9 @@ mod tests {
         let p = &m.phases[0];
         let r = all(p, 0);
         assert_eq!(r.len(), 200);
-        assert!(r.iter().all(|&(o, s)| o % 4096 == 0 && o + s <= 1 << 20 && s == 4096));
+        assert!(r
+            .iter()
+            .all(|&(o, s)| o % 4096 == 0 && o + s <= 1 << 20 && s == 4096));
         assert_eq!(r, all(p, 0), "the same seed, the same offsets");
         let distinct: BTreeSet<u64> = r.iter().map(|x| x.0).collect();
         assert!(distinct.len() > 100, "spread: {}", distinct.len());
@@ -714,7 +715,10 @@ mod tests {
         assert_eq!(removed, made);
         assert!(plan.prepare.spare_files.is_empty());
         assert_eq!(Plan::share(ops[0], 0, 2).len(), 2);
-        assert_eq!(plan.name_path(0, Name::New(0, 3)), Path::new("burst/replay-0-3"));
+        assert_eq!(
+            plan.name_path(0, Name::New(0, 3)),
+            Path::new("burst/replay-0-3")
+        );
     }
 
     #[test]

@@ -87,7 +87,10 @@ pub fn replay(model: &Model, dir: &Path, opts: &Options) -> Result<Report, Error
             }
         }
     });
-    let sched = run.sched.into_inner().unwrap_or_else(PoisonError::into_inner);
+    let sched = run
+        .sched
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner);
     if let Some(w) = writer {
         w.finish();
     }
@@ -298,10 +301,7 @@ impl Run<'_> {
         let need = self.plan.after[task];
         let mut s = self.lock();
         while s.prefix < need && s.error.is_none() {
-            s = self
-                .changed
-                .wait(s)
-                .unwrap_or_else(PoisonError::into_inner);
+            s = self.changed.wait(s).unwrap_or_else(PoisonError::into_inner);
         }
         if s.error.is_some() {
             return Err(Stopped);
@@ -321,10 +321,7 @@ impl Run<'_> {
     fn all_started(&self, task: usize) -> Result<(), Stopped> {
         let mut s = self.lock();
         while s.started[task] < self.plan.np[task] && s.error.is_none() {
-            s = self
-                .changed
-                .wait(s)
-                .unwrap_or_else(PoisonError::into_inner);
+            s = self.changed.wait(s).unwrap_or_else(PoisonError::into_inner);
         }
         if s.error.is_some() {
             return Err(Stopped);
@@ -401,7 +398,10 @@ impl Run<'_> {
                 last_start = Some(Instant::now());
             }
             let n = usize::try_from(size).map_err(|_| {
-                self.fail(Error::Model(format!("phase {}: a request of {size} bytes", phase.id)));
+                self.fail(Error::Model(format!(
+                    "phase {}: a request of {size} bytes",
+                    phase.id
+                )));
                 Stopped
             })?;
             if me.buf.len() < n {

@@ -62,7 +62,10 @@ fn of(records: &[Record], op: Op) -> Vec<&Record> {
 fn all_whole(records: &[Record]) {
     for r in records {
         let want = if r.op.is_data() { r.size as i64 } else { 0 };
-        assert!(r.result >= want.min(0) && (!r.op.is_data() || r.result == want), "{r:?}");
+        assert!(
+            r.result >= want.min(0) && (!r.op.is_data() || r.result == want),
+            "{r:?}"
+        );
     }
 }
 
@@ -110,7 +113,10 @@ fn a_shared_file_is_strided_by_process() {
             .map(|r| r.offset)
             .collect();
         offsets.sort_unstable();
-        assert_eq!(offsets, (0..5).map(|k| (k * 4 + i) * 1000).collect::<Vec<_>>());
+        assert_eq!(
+            offsets,
+            (0..5).map(|k| (k * 4 + i) * 1000).collect::<Vec<_>>()
+        );
     }
     let len = std::fs::metadata(dir.path().join("shared")).map(|m| m.len());
     assert_eq!(len.ok(), Some(20_000));
@@ -132,7 +138,10 @@ fn random_reads_of_a_file_that_was_there() {
         .windows(2)
         .filter(|w| w[1].offset == w[0].offset + 4096)
         .count();
-    assert!(sequential < 30, "{sequential} of 300 followed the one before");
+    assert!(
+        sequential < 30,
+        "{sequential} of 300 followed the one before"
+    );
     assert_eq!(report.total.bytes, 300 * 4096);
     // Prepared once: a second replay finds the file at its size and writes nothing.
     let again = replay(&m, dir.path(), &Options::default()).expect("a second replay");
@@ -151,7 +160,9 @@ fn a_write_phase_waits_for_the_read_phase_before_it() {
     let last_read = reads.iter().map(|r| r.end_ns).max().unwrap_or(0);
     assert!(writes.iter().all(|w| w.start_ns >= last_read));
     assert!(reads.iter().all(|r| r.path.as_deref() == Some("/data/in")));
-    assert!(writes.iter().all(|r| r.path.as_deref() == Some("/data/out")));
+    assert!(writes
+        .iter()
+        .all(|r| r.path.as_deref() == Some("/data/out")));
     assert!(dir.path().join("data/out").is_file());
     let kinds: Vec<PhaseKind> = report.phases.iter().map(|p| p.kind).collect();
     assert_eq!(kinds, vec![PhaseKind::Data, PhaseKind::Data]);
@@ -174,11 +185,14 @@ fn a_create_stat_unlink_burst() {
     let pids: std::collections::BTreeSet<u32> = records.iter().map(|r| r.pid).collect();
     assert_eq!(pids.len(), 4);
     // Each stat and unlink found a name the creates made.
-    let created: std::collections::BTreeSet<_> =
-        of(&records, Op::Create).iter().map(|r| r.path.clone()).collect();
+    let created: std::collections::BTreeSet<_> = of(&records, Op::Create)
+        .iter()
+        .map(|r| r.path.clone())
+        .collect();
     assert!(of(&records, Op::Unlink)
         .iter()
-        .all(|r| created.contains(&r.path) && r.path.as_deref().is_some_and(|p| p.starts_with("/burst/"))));
+        .all(|r| created.contains(&r.path)
+            && r.path.as_deref().is_some_and(|p| p.starts_with("/burst/"))));
     let last_create = of(&records, Op::Create).iter().map(|r| r.end_ns).max();
     assert!(of(&records, Op::Getattr)
         .iter()
@@ -217,7 +231,12 @@ fn bad_directories_are_errors() {
     let dir = tempfile::tempdir().expect("a directory");
     let e = replay(&bad, dir.path(), &Options::default()).expect_err("a path outside");
     assert!(matches!(e, Error::Path(_)), "{e}");
-    assert!(!dir.path().parent().unwrap_or(Path::new("/")).join("escape").exists());
+    assert!(!dir
+        .path()
+        .parent()
+        .unwrap_or(Path::new("/"))
+        .join("escape")
+        .exists());
 }
 
 /// A full file system stops the replay with the file and the reason (needs root, to mount a
@@ -234,8 +253,15 @@ fn a_full_disk_is_an_error() {
         return;
     };
     // SAFETY: plain C strings that outlive the call.
-    let mounted =
-        unsafe { libc::mount(fs.as_ptr(), target.as_ptr(), fs.as_ptr(), 0, opts.as_ptr().cast()) };
+    let mounted = unsafe {
+        libc::mount(
+            fs.as_ptr(),
+            target.as_ptr(),
+            fs.as_ptr(),
+            0,
+            opts.as_ptr().cast(),
+        )
+    };
     if mounted != 0 {
         eprintln!("skipped: cannot mount a tmpfs here (not root?)");
         return;
@@ -252,5 +278,8 @@ fn a_full_disk_is_an_error() {
     let e = replay(&m, dir.path(), &Options::default()).expect_err("4 MiB into 1 MiB");
     let text = e.to_string();
     assert!(matches!(e, Error::Io { .. }), "{text}");
-    assert!(text.contains("out.0") && text.contains("No space left"), "{text}");
+    assert!(
+        text.contains("out.0") && text.contains("No space left"),
+        "{text}"
+    );
 }
