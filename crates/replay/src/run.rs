@@ -46,6 +46,18 @@ pub fn replay(model: &Model, dir: &Path, opts: &Options) -> Result<Report, Error
         }
         None => (None, None),
     };
+    let mut sched = Sched {
+        left: plan.np.clone(),
+        started: vec![0; plan.tasks.len()],
+        done: vec![false; plan.tasks.len()],
+        prefix: 0,
+        measures: vec![Span::default(); plan.tasks.len()],
+        error: None,
+    };
+    // A phase without processes (a hand-made model) is done before it starts.
+    for task in (0..plan.tasks.len()).filter(|&t| plan.np[t] == 0) {
+        sched.complete(task, &plan.by_end);
+    }
     let run = Run {
         model,
         plan: &plan,
@@ -56,14 +68,7 @@ pub fn replay(model: &Model, dir: &Path, opts: &Options) -> Result<Report, Error
         uid: unsafe { libc::getuid() },
         base: Instant::now(),
         writer: writer.as_ref(),
-        sched: Mutex::new(Sched {
-            left: plan.np.clone(),
-            started: vec![0; plan.tasks.len()],
-            done: vec![false; plan.tasks.len()],
-            prefix: 0,
-            measures: vec![Span::default(); plan.tasks.len()],
-            error: None,
-        }),
+        sched: Mutex::new(sched),
         changed: Condvar::new(),
         failed: AtomicBool::new(false),
     };
@@ -210,6 +215,15 @@ impl Span {
     }
 }
 
+impl Sched {
+    fn complete(&mut self, task: usize, by_end: &[usize]) {
+        self.done[task] = true;
+        while self.prefix < by_end.len() && self.done[by_end[self.prefix]] {
+            self.prefix += 1;
+        }
+    }
+}
+
 struct Sched {
     /// Processes yet to finish each task, and that have started it.
     left: Vec<usize>,
@@ -334,10 +348,7 @@ impl Run<'_> {
         s.measures[task].add(span);
         s.left[task] = s.left[task].saturating_sub(1);
         if s.left[task] == 0 {
-            s.done[task] = true;
-            while s.prefix < self.plan.by_end.len() && s.done[self.plan.by_end[s.prefix]] {
-                s.prefix += 1;
-            }
+            s.complete(task, &self.plan.by_end);
             drop(s);
             self.changed.notify_all();
         }
@@ -405,6 +416,14 @@ impl Run<'_> {
                 Stopped
             })?;
             if me.buf.len() < n {
+                // A model's size is not to be trusted with the whole memory.
+                if me.buf.try_reserve_exact(n - me.buf.len()).is_err() {
+                    self.fail(Error::Model(format!(
+                        "phase {}: no memory for a request of {size} bytes",
+                        phase.id
+                    )));
+                    return Err(Stopped);
+                }
                 me.buf.resize(n, 0xa5);
             }
             if k + 1 == count {

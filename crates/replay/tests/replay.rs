@@ -283,3 +283,19 @@ fn a_full_disk_is_an_error() {
         "{text}"
     );
 }
+
+/// A hand-made model with a phase of no process, and a request no memory holds: the replay
+/// ends, with an error for the second.
+#[test]
+fn odd_models_end() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let mut m = synthetic::read_then_write(4, 16);
+    m.phases[0].processes.clear();
+    let r = replay(&m, dir.path(), &Options::default()).expect("the replay");
+    assert_eq!(r.total.ops, 4, "the write phase ran");
+    let mut m = synthetic::file_per_process(1, 1, 10);
+    m.phases[0].request_size = u64::MAX / 2;
+    m.phases[0].sizes[0].size = u64::MAX / 2;
+    let e = replay(&m, dir.path(), &Options::default()).expect_err("too large");
+    assert!(e.to_string().contains("no memory"), "{e}");
+}
