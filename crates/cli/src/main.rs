@@ -8,6 +8,7 @@ mod fsck;
 mod latency;
 mod mount;
 mod profile;
+mod replay;
 mod report;
 mod scale;
 mod status;
@@ -109,6 +110,9 @@ enum Cmd {
     Report(report::ReportArgs),
     /// Build the I/O model of a trace (application, files, phases) as JSON (docs/MODEL.md).
     Profile(profile::ProfileArgs),
+    /// Run an I/O model against a directory and measure it, check the replay against the
+    /// original trace, or export the model for IOR, fio or mdtest; see docs/MODEL.md.
+    Replay(replay::ReplayArgs),
     /// Grow or shrink a running cluster (servers from the manager's provisioner; removed
     /// servers are drained first).
     Scale(scale::ScaleArgs),
@@ -494,6 +498,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Report(a) => report::run(cli.secret.as_deref(), &cfg, a).await,
         Cmd::Trace(a) => trace::run(a),
         Cmd::Profile(a) => profile::run(a),
+        Cmd::Replay(a) => replay::run(a),
         Cmd::Scale(a) => {
             let (manager, secret) =
                 config::endpoint(cli.manager.as_deref(), cli.secret.as_deref(), &cfg)?;

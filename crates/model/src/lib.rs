@@ -7,10 +7,14 @@
 //!
 //! Pure: no I/O but what the caller hands in, so every rule is testable on made-up records.
 
+mod compare;
+pub mod export;
 mod findings;
 mod model;
 mod profile;
+pub mod synthetic;
 
+pub use compare::{compare, Check, Comparison};
 pub use findings::findings;
 pub use model::*;
 pub use profile::{Limits, Profiler};

@@ -1,0 +1,213 @@
+//! `tessera replay`: an I/O model run against a directory and measured, checked against the
+//! original trace, or exported for IOR, fio or mdtest (docs/MODEL.md).
+
+use crate::profile::profile_trace;
+use crate::up::human;
+use anyhow::{bail, Context, Result};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use tessera_model::{export, Model};
+use tessera_replay::{Options, PhaseKind, Report};
+
+#[derive(clap::Args, Debug)]
+pub struct ReplayArgs {
+    /// An I/O model (JSON, from `tessera profile`).
+    model: PathBuf,
+    /// The directory to replay in (a Tessera mount, tmpfs, a local disk, NFS...).
+    #[arg(long, required_unless_present = "export")]
+    dir: Option<PathBuf>,
+    /// Wait the model's distance between one request and the next (the application's compute).
+    #[arg(long)]
+    think_time: bool,
+    /// Also write the results as JSON here (`-`: standard output, instead of the table).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Trace the replay into a new file in this directory.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Seeds the offsets of random phases.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Trace the replay, profile it and compare it with the model of this original trace:
+    /// bytes, operation counts, request sizes and phases must match (the exit status says
+    /// whether they do), I/O times are reported.
+    #[arg(long, conflicts_with = "export")]
+    check: Option<PathBuf>,
+    /// Write the model for another tool instead of running it: an IOR script, a fio job file,
+    /// mdtest commands for the metadata phases.
+    #[arg(long, value_enum, conflicts_with_all = ["dir", "think_time", "json", "trace"])]
+    export: Option<Export>,
+    /// Where the export goes (default: standard output).
+    #[arg(short, long, requires = "export")]
+    output: Option<PathBuf>,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+enum Export {
+    Ior,
+    Fio,
+    Mdtest,
+}
+
+fn load(path: &Path) -> Result<Model> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Model::from_json(&text).with_context(|| format!("{}", path.display()))
+}
+
+pub fn run(args: &ReplayArgs) -> Result<()> {
+    let model = load(&args.model)?;
+    if let Some(kind) = args.export {
+        let text = match kind {
+            Export::Ior => export::ior(&model),
+            Export::Fio => export::fio(&model),
+            Export::Mdtest => export::mdtest(&model),
+        };
+        return match &args.output {
+            Some(p) => std::fs::write(p, text).with_context(|| format!("writing {}", p.display())),
+            None => Ok(std::io::stdout().lock().write_all(text.as_bytes())?),
+        };
+    }
+    let Some(dir) = &args.dir else {
+        bail!("--dir DIR: where to replay");
+    };
+    // A check needs the replay's trace: kept where asked, else in a directory of its own
+    // that goes when the check is done.
+    let scratch = (args.check.is_some() && args.trace.is_none())
+        .then(|| std::env::temp_dir().join(format!("tessera-replay-check-{}", std::process::id())));
+    let opts = Options {
+        think_time: args.think_time,
+        trace: args.trace.clone().or_else(|| scratch.clone()),
+        seed: args.seed,
+    };
+    let replayed = tessera_replay::replay(&model, dir, &opts)
+        .with_context(|| format!("replaying {} in {}", args.model.display(), dir.display()));
+    let checked = replayed.and_then(|report| {
+        let comparison = match (&args.check, &report.trace) {
+            (Some(original), Some(trace)) => Some(check(original, trace)?),
+            _ => None,
+        };
+        Ok((report, comparison))
+    });
+    if let Some(s) = &scratch {
+        let _ = std::fs::remove_dir_all(s);
+    }
+    let (mut report, comparison) = checked?;
+    if scratch.is_some() {
+        report.trace = None;
+    }
+    let mut out = std::io::stdout().lock();
+    match args.json.as_deref() {
+        Some(p) if p == Path::new("-") => {
+            writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+        }
+        Some(p) => {
+            let json = serde_json::to_string_pretty(&report)?;
+            std::fs::write(p, json).with_context(|| format!("writing {}", p.display()))?;
+            table(&report, &mut out)?;
+        }
+        None => table(&report, &mut out)?,
+    }
+    if let Some(c) = comparison {
+        writeln!(out, "\ncompared with the original's model:")?;
+        write!(out, "{}", c.text(false))?;
+        if !c.shape_matches() {
+            bail!("the replay did not do what the original did (see above)");
+        }
+    }
+    Ok(())
+}
+
+/// The model of the replay's trace, compared with the model of the original trace.
+fn check(original: &Path, trace: &Path) -> Result<tessera_model::Comparison> {
+    let before = profile_trace(original)?;
+    let after = profile_trace(trace)?;
+    Ok(tessera_model::compare(&before, &after))
+}
+
+/// The replay's measures, a line per phase and the total.
+fn table(r: &Report, out: &mut impl Write) -> Result<()> {
+    writeln!(
+        out,
+        "replay of the model of {} in {}: {} processes, {} phases{}; {} prepared untimed",
+        r.model,
+        r.dir.display(),
+        r.processes,
+        r.phases.len(),
+        if r.think_time {
+            ", with think time"
+        } else {
+            ""
+        },
+        human(r.prepared_bytes)
+    )?;
+    let width = r
+        .phases
+        .iter()
+        .map(|p| p.what.len())
+        .max()
+        .unwrap_or(0)
+        .max(5);
+    writeln!(
+        out,
+        "{:>6}  {:width$}  {:>3}  {:>10}  {:>8}  {:>6}  {:>9}  {:>9}  {:>12}  {:>9}",
+        "phase", "what", "np", "bytes", "ops", "errors", "I/O time", "wall", "rate", "ops/s"
+    )?;
+    let line = |out: &mut dyn Write,
+                id: &str,
+                what: &str,
+                np: String,
+                m: &tessera_replay::Measure| {
+        writeln!(
+            out,
+            "{id:>6}  {what:width$}  {np:>3}  {:>10}  {:>8}  {:>6}  {:>7.3} s  {:>7.3} s  {:>10}/s  {:>9.0}",
+            human(m.bytes),
+            m.ops,
+            m.errors,
+            m.io_time_ns as f64 / 1e9,
+            m.wall_ns as f64 / 1e9,
+            human(m.bytes_per_s as u64),
+            m.ops_per_s
+        )
+    };
+    for p in &r.phases {
+        let id = match p.kind {
+            PhaseKind::Data => format!("d{}", p.id),
+            PhaseKind::Meta => format!("m{}", p.id),
+        };
+        line(out, &id, &p.what, p.processes.to_string(), &p.measure)?;
+    }
+    line(out, "total", "", r.processes.to_string(), &r.total)?;
+    if let Some(t) = &r.trace {
+        writeln!(out, "trace: {}", t.display())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_has_a_line_per_phase_and_the_total() {
+        let d = std::env::temp_dir().join(format!("tessera-replay-table-{}", std::process::id()));
+        std::fs::create_dir_all(&d).expect("a directory");
+        let m = tessera_model::synthetic::read_then_write(4, 1024);
+        let r = tessera_replay::replay(&m, &d, &Options::default());
+        let _ = std::fs::remove_dir_all(&d);
+        let r = r.expect("the replay");
+        let mut out = Vec::new();
+        table(&r, &mut out).expect("the table");
+        let text = String::from_utf8(out).expect("text");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 5, "{text}");
+        assert!(
+            lines[2].contains("d0") && lines[2].contains("read /data/in"),
+            "{text}"
+        );
+        assert!(
+            lines[4].trim_start().starts_with("total") && lines[4].contains("8.0 KiB"),
+            "{text}"
+        );
+    }
+}
