@@ -556,3 +556,41 @@ fn a_stalled_writer_leaves_a_counted_gap() {
     let said = format!("{lost} lost in {} gaps", t.gaps.len());
     assert!(text.contains(&said), "{text}");
 }
+
+#[test]
+fn a_trace_started_later_names_the_files_looked_up_before() {
+    let (home, _up, mnt, dir) = cluster(false);
+    let home = home.path();
+    let _mount = Mount::start(home, &mnt, &[]);
+    std::fs::create_dir(mnt.join("d")).expect("mkdir");
+    std::fs::write(mnt.join("d/f"), b"known before").expect("write");
+    // Looked up now, untraced: the kernel keeps the names and will not ask again.
+    assert_eq!(
+        std::fs::read(mnt.join("d/f")).expect("read"),
+        b"known before"
+    );
+    let dirs = dir.to_str().expect("a path");
+    std::fs::create_dir(&dir).expect("trace directory");
+    let out = Command::new(TESSERA)
+        .args(["trace", "start"])
+        .arg(&mnt)
+        .args(["--dir", dirs])
+        .env("TESSERA_HOME", home)
+        .output()
+        .expect("tessera trace start");
+    assert!(out.status.success(), "trace start: {out:?}");
+    assert_eq!(
+        std::fs::read(mnt.join("d/f")).expect("read"),
+        b"known before"
+    );
+    let t = stop_and_read(home, &mnt, &dir);
+    let reads: Vec<&str> = (t.records.iter())
+        .filter(|r| r.op == Op::Read || r.op == Op::Open)
+        .map(path)
+        .collect();
+    assert!(!reads.is_empty(), "the read is traced");
+    assert!(
+        reads.iter().all(|p| *p == "/d/f"),
+        "named, not by inode: {reads:?}"
+    );
+}

@@ -77,6 +77,9 @@ pub fn control(mount: &Path, command: &str) -> std::io::Result<()> {
 pub(crate) struct Tracing {
     on: AtomicBool,
     active: RwLock<Option<Arc<Active>>>,
+    /// Learnt whether or not a trace is being written: a trace started later names the files
+    /// the kernel looked up before (it does not look them up again).
+    paths: Arc<Paths>,
     opts: TraceOptions,
     mount: PathBuf,
     mode: Mode,
@@ -88,8 +91,12 @@ pub(crate) struct Tracing {
 struct Active {
     writer: Writer,
     procs: Mutex<HashMap<u32, Proc>>,
-    paths: Mutex<HashMap<u64, Arc<[u8]>>>,
+    paths: Arc<Paths>,
 }
+
+/// Each inode's path, as learnt from the names the mount answered (at most `PATHS_MAX`).
+#[derive(Default)]
+pub(crate) struct Paths(Mutex<HashMap<u64, Arc<[u8]>>>);
 
 /// The process a thread id belongs to, as read at `read_ns`.
 #[derive(Clone)]
@@ -138,6 +145,15 @@ pub(crate) enum Target<'a> {
 }
 
 impl<'a> What<'a> {
+    /// A name whose answer tells the inode it names.
+    fn learns(&self) -> bool {
+        self.child.is_some()
+            && matches!(
+                self.op,
+                Op::Lookup | Op::Mknod | Op::Mkdir | Op::Symlink | Op::Create
+            )
+    }
+
     pub(crate) fn new(op: Op, ino: INodeNo) -> Self {
         What {
             op,
@@ -193,6 +209,7 @@ impl Tracing {
         Tracing {
             on: AtomicBool::new(false),
             active: RwLock::new(None),
+            paths: Arc::default(),
             opts: opts.trace.clone(),
             mount,
             mode,
@@ -230,7 +247,7 @@ impl Tracing {
         *active = Some(Arc::new(Active {
             writer,
             procs: Mutex::default(),
-            paths: Mutex::default(),
+            paths: Arc::clone(&self.paths),
         }));
         self.on.store(true, Ordering::Relaxed);
         tracing::info!("tracing to {}", path.display());
@@ -283,6 +300,7 @@ impl Tracing {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()?;
         let start = active.writer.now();
+        let learns = what.learns();
         let opener = what.handle.as_ref().and_then(|h| h.opener.as_ref());
         let first_use =
             what.op.is_data() && opener.is_some_and(|o| o.unused.swap(false, Ordering::Relaxed));
@@ -293,13 +311,13 @@ impl Tracing {
             _ => (proc.pid, req.uid(), proc.exe, false),
         };
         let path = match what.child {
-            Some((parent, name)) => Some(active.child_path(parent, name)),
+            Some((parent, name)) => Some(active.paths.child_path(parent, name)),
             None => opener
                 .and_then(|o| o.path.clone())
-                .or_else(|| active.path(what.ino)),
+                .or_else(|| active.paths.path(what.ino)),
         };
         let target = what.target.map(|t| match t {
-            Target::Child(parent, name) => active.child_path(parent, name.as_bytes()),
+            Target::Child(parent, name) => active.paths.child_path(parent, name.as_bytes()),
             Target::Bytes(b) => b.into(),
         });
         let direct = what.handle.as_ref().is_some_and(|h| h.direct);
@@ -308,11 +326,6 @@ impl Tracing {
         } else {
             self.mode
         };
-        let learns = what.child.is_some()
-            && matches!(
-                what.op,
-                Op::Lookup | Op::Mknod | Op::Mkdir | Op::Symlink | Op::Create
-            );
         Some(Span {
             active,
             op: what.op,
@@ -360,9 +373,11 @@ impl Active {
     fn procs(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Proc>> {
         self.procs.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
 
+impl Paths {
     fn paths(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<[u8]>>> {
-        self.paths.lock().unwrap_or_else(PoisonError::into_inner)
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn path(&self, ino: u64) -> Option<Arc<[u8]>> {
@@ -472,7 +487,7 @@ impl Span {
     fn end(self, result: i64, ino: Option<u64>) {
         let end_ns = self.active.writer.now();
         if let (Some(ino), Some(path), true) = (ino, &self.path, self.learns && result >= 0) {
-            self.active.learn(ino, Arc::clone(path));
+            self.active.paths.learn(ino, Arc::clone(path));
         }
         self.active.writer.push(&Event {
             op: self.op,
@@ -499,6 +514,8 @@ impl Span {
 pub(crate) struct Traced<R> {
     reply: R,
     span: Option<Span>,
+    /// Untraced, a name's path to learn for its inode once answered.
+    learn: Option<(Arc<Paths>, Arc<[u8]>)>,
 }
 
 impl<R> Traced<R> {
@@ -507,9 +524,12 @@ impl<R> Traced<R> {
     /// comes after this one's record, so one thread's records are in the order of its calls
     /// (a trace cut short keeps a prefix of each).
     fn answer(self, result: i64, ino: Option<u64>, send: impl FnOnce(R)) {
-        let Traced { reply, span } = self;
+        let Traced { reply, span, learn } = self;
         if let Some(span) = span {
             span.end(result, ino);
+        }
+        if let (Some((paths, path)), Some(ino), true) = (learn, ino, result >= 0) {
+            paths.learn(ino, path);
         }
         send(reply);
     }
@@ -711,11 +731,26 @@ impl Fs {
         reply: R,
         what: impl FnOnce() -> What<'a>,
     ) -> Traced<R> {
-        let span = if self.tracing.on() {
-            self.tracing.begin(req, what())
-        } else {
-            None
+        if self.tracing.on() {
+            let span = self.tracing.begin(req, what());
+            return Traced {
+                reply,
+                span,
+                learn: None,
+            };
+        }
+        let what = what();
+        let paths = &self.tracing.paths;
+        let learn = match what.child {
+            Some((parent, name)) if what.learns() => {
+                Some((Arc::clone(paths), paths.child_path(parent, name)))
+            }
+            _ => None,
         };
-        Traced { reply, span }
+        Traced {
+            reply,
+            span: None,
+            learn,
+        }
     }
 }
