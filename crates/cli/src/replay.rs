@@ -97,13 +97,18 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
         report.trace = None;
     }
     let mut out = std::io::stdout().lock();
-    match args.json.as_deref() {
-        Some(p) if p == Path::new("-") => {
-            writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+    // The report, and the comparison under `check` when there is one.
+    let json = || -> Result<String> {
+        let mut v = serde_json::to_value(&report)?;
+        if let (Some(c), Some(map)) = (&comparison, v.as_object_mut()) {
+            map.insert("check".into(), serde_json::to_value(c)?);
         }
+        Ok(serde_json::to_string_pretty(&v)?)
+    };
+    match args.json.as_deref() {
+        Some(p) if p == Path::new("-") => writeln!(out, "{}", json()?)?,
         Some(p) => {
-            let json = serde_json::to_string_pretty(&report)?;
-            std::fs::write(p, json).with_context(|| format!("writing {}", p.display()))?;
+            std::fs::write(p, json()?).with_context(|| format!("writing {}", p.display()))?;
             table(&report, &mut out)?;
         }
         None => table(&report, &mut out)?,

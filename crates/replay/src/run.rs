@@ -426,13 +426,15 @@ impl Run<'_> {
                 }
                 me.buf.resize(n, 0xa5);
             }
+            if k == 0 {
+                self.started(part.task);
+            }
+            // Counted as started first: a part of one request waits for the others' starts,
+            // its own among them.
             if k + 1 == count {
                 self.all_started(part.task)?;
             }
             let start = self.now();
-            if k == 0 {
-                self.started(part.task);
-            }
             let done = match phase.op {
                 DataOp::Read => file.read_at(&mut me.buf[..n], offset),
                 DataOp::Write => file.write_at(&me.buf[..n], offset),

@@ -299,3 +299,24 @@ fn odd_models_end() {
     let e = replay(&m, dir.path(), &Options::default()).expect_err("too large");
     assert!(e.to_string().contains("no memory"), "{e}");
 }
+
+#[test]
+fn phases_of_one_request_per_process_end() {
+    // A part of one request once waited for every process's start, its own not yet counted.
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for m in [
+            synthetic::file_per_process(2, 1, 4096),
+            synthetic::shared_strided(3, 1, 4096),
+        ] {
+            let dir = tempfile::tempdir().expect("a directory");
+            let report = replay(&m, dir.path(), &Options::default()).expect("the replay");
+            let requests: u64 = m.phases.iter().map(|p| p.ops).sum();
+            assert_eq!(report.total.ops, requests);
+        }
+        let _ = done.send(());
+    });
+    finished
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("the replays end");
+}
