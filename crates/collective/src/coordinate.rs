@@ -2,7 +2,7 @@
 //! intermediate runs when the runs are too many for its memory at once), and write it into
 //! the output at its offset.
 
-use crate::dir::Dir;
+use crate::dir::{run_name, Dir};
 use crate::marker::{CoordinatorDone, Marker};
 use crate::merge::{Merge, Step};
 use crate::order::{locate, scan, Bound, Located, RunId};
@@ -71,6 +71,20 @@ async fn find(f: &mut File, index: &RunIndex, run: RunId, bound: &Bound) -> Resu
         }
         (Located::Within { .. }, _) => Err(Error::Corrupt("a bound outside the order".into())),
     }
+}
+
+/// Run `id` open, and where `lo` and `hi` fall in it.
+async fn span(
+    reader: &Client,
+    path: Vec<u8>,
+    id: RunId,
+    lo: &Bound,
+    hi: &Bound,
+) -> Result<(File, Pos, Pos)> {
+    let (mut f, index) = open_run(reader, path).await?;
+    let start = find(&mut f, &index, id, lo).await?;
+    let end = find(&mut f, &index, id, hi).await?;
+    Ok((f, start, end))
 }
 
 /// Where records go as they come out of a merge.
@@ -208,18 +222,14 @@ pub async fn coordinate(
         })
         .collect();
     // Every run's span of the range, in the output's run order.
-    let spans: Vec<(File, Pos, Pos)> = stream::iter(runs.iter().map(|&id| {
-        let (reader, path) = (&reader, dir.child(&crate::dir::run_name(id.rank, id.run)));
-        async move {
-            let (mut f, index) = open_run(reader, path).await?;
-            let start = find(&mut f, &index, id, lo).await?;
-            let end = find(&mut f, &index, id, hi).await?;
-            Ok::<_, Error>((f, start, end))
-        }
-    }))
-    .buffered(OPENING)
-    .try_collect()
-    .await?;
+    let opening: Vec<_> = runs
+        .iter()
+        .map(|&id| span(&reader, dir.child(&run_name(id.rank, id.run)), id, lo, hi))
+        .collect();
+    let spans: Vec<(File, Pos, Pos)> = stream::iter(opening)
+        .buffered(OPENING)
+        .try_collect()
+        .await?;
     let offset: u64 = spans.iter().map(|(_, a, _)| a.bytes).sum();
     let before: u64 = spans.iter().map(|(_, a, _)| a.records).sum();
     let mut limit = markers[0].agreed.top.map(|k| k.saturating_sub(before));

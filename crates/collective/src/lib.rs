@@ -150,4 +150,7 @@ pub struct Outcome {
     pub aggregation: Duration,
     /// This writer's own merge, if it was a coordinator.
     pub merge: Option<Duration>,
+    /// Its merge passes, if it was a coordinator: more than one when its runs were too many
+    /// for its memory at once.
+    pub passes: Option<u32>,
 }

@@ -322,13 +322,12 @@ impl Collective {
         .await?
         .ok_or_else(|| Error::Failed(format!("{} was removed", self.dir.show_dir())))?;
         let all_in = Instant::now();
-        let markers: Vec<Marker> = stream::iter((0..writers).map(|r| {
-            let (client, dir) = (&self.client, &self.dir);
-            async move { dir.get::<Marker>(client, &format!("w{r}.done")).await }
-        }))
-        .buffered(32)
-        .try_collect()
-        .await?;
+        let names: Vec<String> = (0..writers).map(|r| format!("w{r}.done")).collect();
+        let reads: Vec<_> = names
+            .iter()
+            .map(|n| self.dir.get::<Marker>(&self.client, n))
+            .collect();
+        let markers: Vec<Marker> = stream::iter(reads).buffered(32).try_collect().await?;
         if let Some(m) = markers.iter().find(|m| m.agreed != marker.agreed) {
             return Err(Error::Failed(
                 self.fail(&format!(
@@ -356,7 +355,7 @@ impl Collective {
         let total: u64 = markers.iter().map(|m| m.records).sum();
         let records = self.opts.top.map_or(total, |k| k.min(total));
         let me = coordinators.iter().position(|&r| r == rank);
-        let mut merge = None;
+        let (mut merge, mut passes) = (None, None);
         if let Some(i) = me {
             let done = coordinate(
                 &self.client,
@@ -369,6 +368,7 @@ impl Collective {
             )
             .await?;
             merge = Some(Duration::from_secs_f64(done.merge_secs));
+            passes = Some(done.passes);
             let json = serde_json::to_vec(&done).map_err(|e| Error::Invalid(e.to_string()))?;
             self.dir
                 .put(&self.client, rank, &format!("c{i}.done"), &json)
@@ -421,6 +421,7 @@ impl Collective {
             waited: all_in - started,
             aggregation: all_in.elapsed(),
             merge,
+            passes,
         })
     }
 
