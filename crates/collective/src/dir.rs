@@ -74,6 +74,31 @@ impl Dir {
         serde_json::from_slice(&data).map_err(|e| Error::Corrupt(format!("{name}: {e}")))
     }
 
+    /// Removes the directory and all it holds; another writer may be removing it too.
+    pub async fn remove(&self, client: &Client) -> Result<()> {
+        let gone = |e: &tessera_client::Error| e.is(&ErrorCode::NotFound);
+        loop {
+            let entries = match client.read_dir(&self.path).await {
+                Ok(e) => e,
+                Err(e) if gone(&e) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            };
+            for (name, _) in entries {
+                let path = [&self.path[..], b"/", &name].concat();
+                match client.remove_file(&path).await {
+                    Err(e) if !gone(&e) => return Err(e.into()),
+                    _ => {}
+                }
+            }
+            match client.remove_dir(&self.path).await {
+                // Something was written meanwhile (a late writer's own temporary file).
+                Err(e) if e.is(&ErrorCode::NotEmpty) => {}
+                Err(e) if !gone(&e) => return Err(e.into()),
+                _ => return Ok(()),
+            }
+        }
+    }
+
     /// What the directory holds now; `None` if it is gone.
     pub async fn list(&self, client: &Client) -> Result<Option<Listing>> {
         match client.read_dir(&self.path).await {
@@ -91,6 +116,8 @@ pub struct Listing {
     pub alive: BTreeMap<u32, Timespec>,
     pub done: BTreeSet<u32>,
     pub aborted: BTreeSet<u32>,
+    /// Writers that saw the output in place.
+    pub seen: BTreeSet<u32>,
     /// Run files by writer.
     pub runs: BTreeMap<u32, u32>,
     pub coordinators_done: BTreeSet<usize>,
@@ -122,6 +149,8 @@ impl Listing {
                 l.alive.insert(r, inode.mtime);
             } else if let Some(r) = numbered(name, 'w', ".done") {
                 l.done.insert(r);
+            } else if let Some(r) = numbered(name, 'w', ".seen") {
+                l.seen.insert(r);
             } else if let Some(r) = numbered(name, 'w', ".abort") {
                 l.aborted.insert(r);
             } else if let Some(i) = numbered(name, 'c', ".done") {

@@ -203,6 +203,7 @@ impl Collective {
     /// Adds a record (with its key if the output is sorted) to the buffer, without I/O.
     /// True when the buffer holds `threshold` bytes: call [`Self::flush`] then.
     pub fn push(&mut self, record: &[u8], key: Option<&[u8]>) -> Result<bool> {
+        self.open()?;
         let key = match (key, self.opts.sorted) {
             (Some(_), false) => {
                 return Err(Error::Invalid(
@@ -238,6 +239,7 @@ impl Collective {
     /// run before, if it is still being written: a writer holds at most its buffer and one
     /// run in flight.
     pub async fn flush(&mut self) -> Result<()> {
+        self.open()?;
         if self.buf.entries.is_empty() {
             return Ok(());
         }
@@ -273,10 +275,21 @@ impl Collective {
         self.inflight.as_ref().is_none_or(JoinHandle::is_finished)
     }
 
+    fn open(&self) -> Result<()> {
+        if self.closed {
+            return Err(Error::Invalid(
+                "this writer has finalised or left its collective output".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Writes what is left, then waits for the other writers and takes part in aggregation;
     /// returns once the output is in place (to every writer), or fails if any writer died,
-    /// left or failed.
-    pub async fn finalise(mut self) -> Result<Outcome> {
+    /// left or failed (ARCFinalize). Cancelled (the future dropped), the writer is still
+    /// open: abort it, or drop it.
+    pub async fn finalise(&mut self) -> Result<Outcome> {
+        self.open()?;
         let out = self.finalise_inner().await;
         let out = match out {
             Ok(o) => Ok(o),
@@ -375,6 +388,7 @@ impl Collective {
                 .await?;
         }
         let n = coordinators.len();
+        let gone = || Error::Failed(format!("{} was removed", self.dir.show_dir()));
         let size = if me == Some(0) {
             // All ranges in: the output goes in place.
             self.wait_until(&mut watch, |l| {
@@ -385,33 +399,26 @@ impl Collective {
                 (missing.is_empty(), missing)
             })
             .await?
-            .ok_or_else(|| Error::Failed(format!("{} was removed", self.dir.show_dir())))?;
+            .ok_or_else(gone)?;
             self.install(&coordinators, records, all_in).await?
         } else {
             let finisher = coordinators.first().copied();
-            let gone = self
-                .wait_until(&mut watch, |l| {
-                    let mut missing: Vec<u32> = (0..n)
-                        .filter(|i| !l.coordinators_done.contains(i))
-                        .map(|i| coordinators[i])
-                        .collect();
-                    missing.extend(finisher);
-                    (l.finished, missing)
-                })
-                .await?;
-            let finished = match gone {
-                Some(_) => self
-                    .dir
-                    .get::<Finished>(&self.client, "finished")
-                    .await
-                    .ok(),
-                None => None,
-            };
-            match finished {
-                Some(f) => f.size,
-                None => self.client.stat(&self.dir.output).await?.size,
-            }
+            self.wait_until(&mut watch, |l| {
+                let mut missing: Vec<u32> = (0..n)
+                    .filter(|i| !l.coordinators_done.contains(i))
+                    .map(|i| coordinators[i])
+                    .collect();
+                missing.extend(finisher);
+                (l.finished, missing)
+            })
+            .await?
+            .ok_or_else(gone)?;
+            self.dir
+                .get::<Finished>(&self.client, "finished")
+                .await?
+                .size
         };
+        self.leave_finished().await;
         Ok(Outcome {
             size,
             records,
@@ -425,8 +432,8 @@ impl Collective {
         })
     }
 
-    /// Coordinator 0, once every range is written: the output renamed into place, `finished`
-    /// written and the directory removed. Returns the output's size.
+    /// Coordinator 0, once every range is written: the output renamed into place and
+    /// `finished` written. Returns the output's size.
     async fn install(&self, coordinators: &[u32], records: u64, all_in: Instant) -> Result<u64> {
         let (client, dir) = (&self.client, &self.dir);
         let opts = OpenOptions {
@@ -447,17 +454,28 @@ impl Collective {
             aggregation_secs: all_in.elapsed().as_secs_f64(),
         };
         let json = serde_json::to_vec(&finished).map_err(|e| Error::Invalid(e.to_string()))?;
-        if let Err(e) = dir.put(client, self.opts.rank, "finished", &json).await {
-            warn!("{}: writing finished: {e}", dir.show_dir());
-        }
-        if let Err(e) = client.remove_all(&dir.path).await {
-            warn!(
-                "{} is in place, but removing {}: {e}",
-                dir.show(),
-                dir.show_dir()
-            );
-        }
+        dir.put(client, self.opts.rank, "finished", &json).await?;
         Ok(size)
+    }
+
+    /// This writer saw the output in place: it says so, and the last to say so removes the
+    /// working directory (so that none finds it gone before it has seen `finished`).
+    async fn leave_finished(&self) {
+        let (client, dir, rank) = (&self.client, &self.dir, self.opts.rank);
+        let seen = dir.put(client, rank, &format!("w{rank}.seen"), b"").await;
+        let last = match (seen, dir.list(client).await) {
+            (Ok(()), Ok(Some(l))) => (0..self.opts.writers).all(|r| l.seen.contains(&r)),
+            _ => false,
+        };
+        if last {
+            if let Err(e) = dir.remove(client).await {
+                warn!(
+                    "{} is in place, but removing {}: {e}",
+                    dir.show(),
+                    dir.show_dir()
+                );
+            }
+        }
     }
 
     /// Looks at the working directory, less and less often, until `ready` says so (it also
@@ -515,7 +533,10 @@ impl Collective {
 
     /// Leaves without finishing: the other writers' finalisation fails naming this writer,
     /// and readers find why in the output's `error`.
-    pub async fn abort(mut self, reason: &str) -> Result<()> {
+    pub async fn abort(&mut self, reason: &str) -> Result<()> {
+        if self.closed {
+            return Ok(());
+        }
         self.closed = true;
         self.heartbeat.abort();
         if let Some(t) = self.inflight.take() {
