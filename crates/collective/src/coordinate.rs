@@ -182,7 +182,7 @@ async fn merge_into(
     let mut merge = Merge::new(sources.iter().map(|s| s.count).collect(), limit);
     let mut queues: Vec<_> = sources.into_iter().map(|s| read_ahead(s, block)).collect();
     loop {
-        match merge.next()? {
+        match merge.step()? {
             Step::Need(j) => match queues[j].recv().await {
                 Some(Ok(b)) => merge.feed(j, &b),
                 Some(Err(e)) => return Err(e),

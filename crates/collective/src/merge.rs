@@ -91,7 +91,7 @@ impl Merge {
         s.buf.extend_from_slice(data);
     }
 
-    pub fn next(&mut self) -> Result<Step<'_>, Error> {
+    pub fn step(&mut self) -> Result<Step<'_>, Error> {
         if let Some(j) = self.last.take() {
             let s = &mut self.sources[j];
             s.at = s.cur.take().map_or(s.at, |c| c.end);
@@ -202,7 +202,7 @@ mod tests {
         let mut m = Merge::new(sources.iter().map(|s| s.len() as u64).collect(), limit);
         let mut out = Vec::new();
         loop {
-            match m.next().unwrap() {
+            match m.step().unwrap() {
                 Step::Need(j) => {
                     let to = (fed[j] + block).min(data[j].len());
                     assert!(to > fed[j], "source {j} asked past its end");
@@ -243,8 +243,8 @@ mod tests {
     #[test]
     fn a_source_cut_short_is_an_error_not_a_hang() {
         let mut m = Merge::new(vec![1], None);
-        assert_eq!(m.next().unwrap(), Step::Need(0));
+        assert_eq!(m.step().unwrap(), Step::Need(0));
         m.feed(0, &[0xff; 12]);
-        assert!(m.next().is_err());
+        assert!(m.step().is_err());
     }
 }

@@ -192,7 +192,7 @@ mod tests {
         let mut m = Merge::new(counts, limit);
         let mut out = Vec::new();
         loop {
-            match m.next().unwrap() {
+            match m.step().unwrap() {
                 Step::Need(j) => {
                     let end = spans[j].1.offset;
                     let to = (fed[j] + block as u64).min(end);

@@ -146,7 +146,7 @@ async fn top_keeps_the_first_records_and_threshold_sets_the_runs() -> Result<()>
             ..Options::new(4, 0)
         };
         let path = format!("/top{top}");
-        for out in collect(&[c.clone()], &path, &all, &opts).await {
+        for out in collect(std::slice::from_ref(&c), &path, &all, &opts).await {
             ensure!(out?.records == top.min(4000));
         }
         ensure!(
@@ -200,7 +200,7 @@ async fn runs_beyond_the_memory_are_merged_in_passes() -> Result<()> {
         coordinators_per_node: 2,
         ..Options::new(6, 0)
     };
-    for out in collect(&[c.clone()], "/passes", &all, &opts).await {
+    for out in collect(std::slice::from_ref(&c), "/passes", &all, &opts).await {
         let out = out?;
         ensure!(
             out.runs == 20 && out.passes.is_none_or(|p| p > 1),
@@ -289,7 +289,7 @@ async fn an_output_larger_than_a_server_is_merged_from_spilled_runs() -> Result<
         coordinators_per_node: 2,
         ..Options::new(4, 0)
     };
-    for out in collect(&[c.clone()], "/big", &all, &opts).await {
+    for out in collect(std::slice::from_ref(&c), "/big", &all, &opts).await {
         let out = out?;
         ensure!(
             out.size == (4 * per * 100) as u64 && out.runs > 1,
