@@ -121,6 +121,13 @@ impl Options {
         if self.threshold == 0 || self.coordinators_per_node == 0 {
             return bad("threshold and coordinators per node must be at least 1".into());
         }
+        if self.timeout < 2 * watch::HEARTBEAT {
+            return bad(format!(
+                "a timeout of {:?} is too short: writers touch their heartbeat every {:?}",
+                self.timeout,
+                watch::HEARTBEAT
+            ));
+        }
         if self.memory < coordinate::MIN_MEMORY {
             return bad(format!(
                 "a coordinator needs at least {} KiB of memory",

@@ -18,8 +18,16 @@ use tracing::{debug, warn};
 const WRITE_CHUNK: usize = 4 << 20;
 /// What an entry of the buffer costs beside its bytes.
 const ENTRY_COST: usize = std::mem::size_of::<Entry>();
-/// The longest pause between two looks at the working directory.
-const POLL_MAX: Duration = Duration::from_millis(500);
+/// The longest pause between two looks at the working directory (a reader waiting for the
+/// output); writers pause at most 10 ms per writer, within [`POLL_MIN_MAX`] and this, so that
+/// the listings of many writers stay few per second.
+const POLL_MAX: Duration = Duration::from_secs(1);
+const POLL_MIN_MAX: Duration = Duration::from_millis(50);
+
+/// The longest pause of a writer of `writers` between two looks at the working directory.
+fn poll_max(writers: u32) -> Duration {
+    (Duration::from_millis(10) * writers).clamp(POLL_MIN_MAX, POLL_MAX)
+}
 
 /// A buffered record: where its key and record lie in the buffer's bytes.
 #[derive(Clone, Copy)]
@@ -200,8 +208,9 @@ impl Collective {
         &self.opts
     }
 
-    /// Adds a record (with its key if the output is sorted) to the buffer, without I/O.
-    /// True when the buffer holds `threshold` bytes: call [`Self::flush`] then.
+    /// Adds a record (with its key if the output is sorted; none is an empty key, first) to
+    /// the buffer, without I/O. True when the buffer holds `threshold` bytes: call
+    /// [`Self::flush`] then.
     pub fn push(&mut self, record: &[u8], key: Option<&[u8]>) -> Result<bool> {
         self.open()?;
         let key = match (key, self.opts.sorted) {
@@ -291,11 +300,15 @@ impl Collective {
     pub async fn finalise(&mut self) -> Result<Outcome> {
         self.open()?;
         let out = self.finalise_inner().await;
+        // Whatever went wrong is the output's `error` (unless one is there already: then
+        // that is the reason), so the other writers and the readers hear of it at once.
         let out = match out {
             Ok(o) => Ok(o),
-            Err(e @ Error::Failed(_)) => Err(e),
             Err(e) => {
-                let why = format!("writer {}: {e}", self.opts.rank);
+                let why = match e {
+                    Error::Failed(why) => why,
+                    e => format!("writer {}: {e}", self.opts.rank),
+                };
                 Err(Error::Failed(self.fail(&why).await))
             }
         };
@@ -502,7 +515,7 @@ impl Collective {
                 return Err(Error::Failed(self.fail(&why).await));
             }
             tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(POLL_MAX);
+            pause = (pause * 2).min(poll_max(self.opts.writers));
         }
     }
 

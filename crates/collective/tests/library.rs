@@ -155,6 +155,17 @@ async fn top_keeps_the_first_records_and_threshold_sets_the_runs() -> Result<()>
         );
     }
 
+    // Writers with nothing to write make an empty output.
+    let none = vec![Vec::new(); 3];
+    let opts = Options {
+        sorted: true,
+        ..Options::new(3, 0)
+    };
+    for out in collect(std::slice::from_ref(&c), "/empty", &none, &opts).await {
+        ensure!(out?.size == 0);
+    }
+    ensure!(c.stat("/empty").await?.size == 0);
+
     // A run goes out each time the buffer reaches the threshold (records, keys, and 16 bytes
     // of bookkeeping each), in the background; wait() and test() see it written.
     let (threshold, cost): (usize, usize) = (10_000, 8 + 100 + 16);
