@@ -14,7 +14,8 @@ each emit 100-byte SAM-like records keyed by position into one output, four ways
 
 The sorted outputs of `sort -m` and of the collective must be identical (checked). Times start
 when the processes are ready (records in memory) for the mount runs; the `tessera` runs include
-starting the processes and connecting. Prints a Markdown table.
+starting the processes and connecting. Every figure is the median of ROUNDS rounds (default
+3). Prints a Markdown table.
 
 Usage: python3 scripts/bench_collective.py TESSERA MOUNT TOTAL_BYTES WRITERS[,WRITERS...]
 """
@@ -27,6 +28,7 @@ import multiprocessing as mp
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,6 +77,98 @@ def in_processes(n: int, prepare: Callable[[int], Callable[[], None]]) -> float:
     return time.perf_counter() - t
 
 
+def measure(
+    tessera: str, mnt: str, local: str, env: Dict[str, str], n: int, per: int, size: int
+) -> Dict[str, float]:
+    """One round of every way with `n` writers of `per` records each; seconds each took."""
+    res: Dict[str, float] = {}
+
+    def naive(rank: int) -> Callable[[], None]:
+        lines = records(rank, per)
+
+        def go() -> None:
+            fd = os.open(f"{mnt}/naive.sam", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            for line in lines:
+                os.write(fd, line)
+            os.close(fd)
+
+        return go
+
+    res["naive N-to-1 (mount) s"] = in_processes(n, naive)
+    assert os.path.getsize(f"{mnt}/naive.sam") == size
+
+    def own_file(sort: bool, name: str) -> Callable[[int], Callable[[], None]]:
+        def make(rank: int) -> Callable[[], None]:
+            lines = records(rank, per)
+
+            def go() -> None:
+                out = sorted(lines, key=position) if sort else lines
+                with open(f"{mnt}/{name}{rank}.sam", "wb", buffering=1 << 20) as f:
+                    f.write(b"".join(out))
+
+            return go
+
+        return make
+
+    write = in_processes(n, own_file(True, "part"))
+    t = time.perf_counter()
+    parts = [f"{mnt}/part{r}.sam" for r in range(n)]
+    subprocess.run(
+        ["sort", "-m", "-s", "-t", "\t", "-k4,4n", "-o", f"{mnt}/merged.sam", *parts],
+        check=True, env={**env, "LC_ALL": "C"},
+    )
+    merge = time.perf_counter() - t
+    res["N files + sort -m (mount) s"] = write + merge
+    res["sort -m alone s"] = merge
+
+    def collect(name: str, args: List[str]) -> Tuple[float, float]:
+        t = time.perf_counter()
+        procs = []
+        for r in range(n):
+            with open(f"{local}/w{r}.sam", "rb") as stdin:
+                procs.append(subprocess.Popen(
+                    [tessera, "collect", f"/bench/{name}", "--writers", str(n),
+                     "--rank", str(r), "--json", *args],
+                    stdin=stdin, stdout=subprocess.PIPE, env=env,
+                ))
+        outs = [json.loads(p.communicate()[0]) for p in procs]
+        took = time.perf_counter() - t
+        if any(p.returncode for p in procs):
+            raise RuntimeError(f"tessera collect {name} failed")
+        assert all(o["size"] == size for o in outs), outs
+        return took, max(o["aggregation_secs"] for o in outs)
+
+    took, agg = collect("coll1.sam", ["--key", "4n"])
+    res["collective, 1 coordinator s"] = took
+    res["collective, 1 coordinator: aggregation s"] = agg
+    took, agg = collect("coll2.sam", ["--key", "4n", "--coordinators-per-node", "2"])
+    res["collective, 2 coordinators s"] = took
+    res["collective, 2 coordinators: aggregation s"] = agg
+    for name in ("coll1.sam", "coll2.sam"):
+        if not filecmp.cmp(f"{mnt}/merged.sam", f"{mnt}/bench/{name}", shallow=False):
+            raise RuntimeError(f"{name} differs from sort -m's output")
+    took, _ = collect("plain.sam", [])
+    res["collective unsorted s"] = took
+
+    res["N-to-N unsorted (mount) s"] = in_processes(n, own_file(False, "nn"))
+    os.mkdir(f"{mnt}/cp")
+    t = time.perf_counter()
+    subprocess.run(
+        [tessera, "cp", "-j", str(n), *[f"{local}/w{r}.sam" for r in range(n)],
+         "tessera:/cp/"],
+        check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    res["N-to-N unsorted (library, cp -j N) s"] = time.perf_counter() - t
+
+    for p in os.listdir(mnt):
+        if p != "bench":
+            path = f"{mnt}/{p}"
+            shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+    for p in os.listdir(f"{mnt}/bench"):
+        os.unlink(f"{mnt}/bench/{p}")
+    return res
+
+
 def main() -> None:
     tessera, mnt, total, writers = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     local = tempfile.mkdtemp(prefix="bench-collective-", dir="/dev/shm")
@@ -88,91 +182,13 @@ def main() -> None:
             for r in range(n):
                 with open(f"{local}/w{r}.sam", "wb") as f:
                     f.write(b"".join(records(r, per)))
+            rounds = [
+                measure(tessera, mnt, local, env, n, per, size)
+                for _ in range(int(os.environ.get("ROUNDS", "3")))
+            ]
             res: Dict[str, float] = {"writers": n, "MB": size / 1e6}
-
-            def naive(rank: int) -> Callable[[], None]:
-                lines = records(rank, per)
-
-                def go() -> None:
-                    fd = os.open(f"{mnt}/naive.sam", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                    for line in lines:
-                        os.write(fd, line)
-                    os.close(fd)
-
-                return go
-
-            res["naive N-to-1 (mount) s"] = in_processes(n, naive)
-            assert os.path.getsize(f"{mnt}/naive.sam") == size
-
-            def own_file(sort: bool, name: str) -> Callable[[int], Callable[[], None]]:
-                def make(rank: int) -> Callable[[], None]:
-                    lines = records(rank, per)
-
-                    def go() -> None:
-                        out = sorted(lines, key=position) if sort else lines
-                        with open(f"{mnt}/{name}{rank}.sam", "wb", buffering=1 << 20) as f:
-                            f.write(b"".join(out))
-
-                    return go
-
-                return make
-
-            write = in_processes(n, own_file(True, "part"))
-            t = time.perf_counter()
-            parts = [f"{mnt}/part{r}.sam" for r in range(n)]
-            subprocess.run(
-                ["sort", "-m", "-s", "-t", "\t", "-k4,4n", "-o", f"{mnt}/merged.sam", *parts],
-                check=True, env={**env, "LC_ALL": "C"},
-            )
-            merge = time.perf_counter() - t
-            res["N files + sort -m (mount) s"] = write + merge
-            res["sort -m alone s"] = merge
-
-            def collect(name: str, args: List[str]) -> Tuple[float, float]:
-                t = time.perf_counter()
-                procs = []
-                for r in range(n):
-                    with open(f"{local}/w{r}.sam", "rb") as stdin:
-                        procs.append(subprocess.Popen(
-                            [tessera, "collect", f"/bench/{name}", "--writers", str(n),
-                             "--rank", str(r), "--json", *args],
-                            stdin=stdin, stdout=subprocess.PIPE, env=env,
-                        ))
-                outs = [json.loads(p.communicate()[0]) for p in procs]
-                took = time.perf_counter() - t
-                if any(p.returncode for p in procs):
-                    raise RuntimeError(f"tessera collect {name} failed")
-                assert all(o["size"] == size for o in outs), outs
-                return took, max(o["aggregation_secs"] for o in outs)
-
-            took, agg = collect("coll1.sam", ["--key", "4n"])
-            res["collective, 1 coordinator s"] = took
-            res["collective, 1 coordinator: aggregation s"] = agg
-            took, agg = collect("coll2.sam", ["--key", "4n", "--coordinators-per-node", "2"])
-            res["collective, 2 coordinators s"] = took
-            res["collective, 2 coordinators: aggregation s"] = agg
-            for name in ("coll1.sam", "coll2.sam"):
-                if not filecmp.cmp(f"{mnt}/merged.sam", f"{mnt}/bench/{name}", shallow=False):
-                    raise RuntimeError(f"{name} differs from sort -m's output")
-            took, _ = collect("plain.sam", [])
-            res["collective unsorted s"] = took
-
-            res["N-to-N unsorted (mount) s"] = in_processes(n, own_file(False, "nn"))
-            os.mkdir(f"{mnt}/cp")
-            t = time.perf_counter()
-            subprocess.run(
-                [tessera, "cp", "-j", str(n), *[f"{local}/w{r}.sam" for r in range(n)],
-                 "tessera:/cp/"],
-                check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
-            res["N-to-N unsorted (library, cp -j N) s"] = time.perf_counter() - t
-
-            for p in os.listdir(mnt):
-                if p != "bench":
-                    path = f"{mnt}/{p}"
-                    shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
-            for p in os.listdir(f"{mnt}/bench"):
-                os.unlink(f"{mnt}/bench/{p}")
+            for k in rounds[0]:
+                res[k] = statistics.median(r[k] for r in rounds)
             for r in range(n):
                 os.unlink(f"{local}/w{r}.sam")
             rows.append((str(n), res))

@@ -56,15 +56,14 @@ impl KeySpec {
 
     /// Appends the key of `line` (without its newline) to `out`.
     pub fn key(&self, line: &[u8], out: &mut Vec<u8>) {
-        let fields: Vec<&[u8]> = match self.sep {
-            Some(c) => line.split(|&b| b == c).collect(),
-            None => line
-                .split(|&b| b == b' ' || b == b'\t')
-                .filter(|f| !f.is_empty())
-                .collect(),
-        };
         for f in &self.fields {
-            let field = fields.get(f.index).copied();
+            let field = match self.sep {
+                Some(c) => line.split(|&b| b == c).nth(f.index),
+                None => line
+                    .split(|&b| b == b' ' || b == b'\t')
+                    .filter(|f| !f.is_empty())
+                    .nth(f.index),
+            };
             if f.numeric {
                 let n = field
                     .and_then(|b| std::str::from_utf8(b).ok())

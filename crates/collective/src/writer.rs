@@ -16,6 +16,8 @@ use tracing::{debug, warn};
 
 /// Bytes of a run encoded at a time and written.
 const WRITE_CHUNK: usize = 4 << 20;
+/// The most a writer reserves for its buffer ahead of need.
+const MAX_RESERVE: usize = 1 << 30;
 /// What an entry of the buffer costs beside its bytes.
 const ENTRY_COST: usize = std::mem::size_of::<Entry>();
 /// The longest pause between two looks at the working directory (a reader waiting for the
@@ -54,6 +56,20 @@ impl Buffer {
         let at = e.at + e.key as usize;
         &self.data[at..at + e.record as usize]
     }
+    /// The key's first 8 bytes as a number (zeros past its end): most comparisons of a sort
+    /// end there.
+    fn prefix(&self, e: &Entry) -> u64 {
+        let k = self.key(e);
+        let mut b = [0u8; 8];
+        let n = k.len().min(8);
+        b[..n].copy_from_slice(&k[..n]);
+        u64::from_be_bytes(b)
+    }
+    /// Empty, its memory kept for the next run (already faulted in).
+    fn clear(&mut self) {
+        self.data.clear();
+        self.entries.clear();
+    }
 }
 
 /// One writer of a collective output. Drop it without [`Collective::finalise`] and it leaves
@@ -64,8 +80,10 @@ pub struct Collective {
     opts: Options,
     buf: Buffer,
     runs: Vec<RunSummary>,
-    /// The run being written in the background.
-    inflight: Option<JoinHandle<Result<RunSummary>>>,
+    /// The run being written in the background; it gives its buffer back.
+    inflight: Option<JoinHandle<Result<(RunSummary, Buffer)>>>,
+    /// The buffer of the last run written, for the next.
+    spare: Option<Buffer>,
     next_run: u32,
     heartbeat: JoinHandle<()>,
     /// Finalised or aborted: nothing is left to do on drop.
@@ -95,18 +113,24 @@ fn load_average() -> f64 {
 }
 
 /// Writes `buf` as run `k` of `rank`: sorted (stably, by key) unless unsorted, then encoded
-/// and written a chunk at a time.
+/// and written a chunk at a time; gives the buffer back.
 async fn write_run(
     client: Client,
     path: Vec<u8>,
     buf: Buffer,
     sorted: bool,
     run: u32,
-) -> Result<RunSummary> {
+) -> Result<(RunSummary, Buffer)> {
     let (buf, order) = tokio::task::spawn_blocking(move || {
-        let mut order: Vec<usize> = (0..buf.entries.len()).collect();
+        let mut order: Vec<(u64, usize)> = buf
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (if sorted { buf.prefix(e) } else { 0 }, i))
+            .collect();
         if sorted {
-            order.sort_by(|&a, &b| buf.key(&buf.entries[a]).cmp(buf.key(&buf.entries[b])));
+            let key = |i: usize| buf.key(&buf.entries[i]);
+            order.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| key(a.1).cmp(key(b.1))));
         }
         (buf, order)
     })
@@ -117,7 +141,7 @@ async fn write_run(
         let mut enc = RunEncoder::new();
         let mut chunk = Vec::with_capacity(WRITE_CHUNK + (64 << 10));
         let mut at = 0u64;
-        for i in order {
+        for (_, i) in order {
             let e = &buf.entries[i];
             enc.push(&mut chunk, buf.key(e), buf.record(e));
             if chunk.len() >= WRITE_CHUNK {
@@ -134,7 +158,7 @@ async fn write_run(
     let closed = f.close().await;
     let index = written?;
     closed?;
-    Ok(RunSummary::of(run, &index))
+    Ok((RunSummary::of(run, &index), buf))
 }
 
 /// Touches `ino` (the writer's `.alive`) every [`HEARTBEAT`] until aborted.
@@ -197,6 +221,7 @@ impl Collective {
             buf: Buffer::default(),
             runs: Vec::new(),
             inflight: None,
+            spare: None,
             next_run: 0,
             closed: false,
             runtime: tokio::runtime::Handle::current(),
@@ -224,6 +249,12 @@ impl Collective {
         let (Ok(klen), Ok(rlen)) = (u32::try_from(key.len()), u32::try_from(record.len())) else {
             return Err(Error::Invalid("a record or key of 4 GiB or more".into()));
         };
+        if self.buf.data.capacity() == 0 {
+            // Room for a whole run at once (reserved, not yet touched): no copies as it grows.
+            let bytes = self.opts.threshold.min(MAX_RESERVE);
+            self.buf.data.reserve(bytes);
+            self.buf.entries.reserve(bytes / 64);
+        }
         let at = self.buf.data.len();
         self.buf.data.extend_from_slice(key);
         self.buf.data.extend_from_slice(record);
@@ -253,7 +284,8 @@ impl Collective {
             return Ok(());
         }
         self.wait().await?;
-        let buf = std::mem::take(&mut self.buf);
+        let next = self.spare.take().unwrap_or_default();
+        let buf = std::mem::replace(&mut self.buf, next);
         let run = self.next_run;
         self.next_run += 1;
         let path = self.dir.child(&run_name(self.opts.rank, run));
@@ -270,10 +302,12 @@ impl Collective {
     /// Waits until every run issued is written (ARCWait).
     pub async fn wait(&mut self) -> Result<()> {
         if let Some(task) = self.inflight.take() {
-            let run = task
+            let (run, mut buf) = task
                 .await
                 .map_err(|e| Error::Failed(format!("writing a run: {e}")))??;
             self.runs.push(run);
+            buf.clear();
+            self.spare = Some(buf);
         }
         Ok(())
     }
