@@ -5,7 +5,8 @@
 # its aggregation time on its own), against N-to-N unsorted writes; a local cluster of 4
 # servers and its mount. Prints a Markdown table (scripts/bench_collective.py).
 # Usage: scripts/bench-collective.sh [TOTAL]   (record bytes per run, default 64MiB)
-# Environment: WRITERS (default 2,4,8), TESSERA_BIN (another tessera binary).
+# Environment: WRITERS (default 2,4,8), ROUNDS (default 3: medians), VERBOSE (1: each collective's
+# writers' times), TESSERA_BIN (another tessera binary).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 total=${1:-64MiB}

@@ -12,10 +12,12 @@ each emit 100-byte SAM-like records keyed by position into one output, four ways
 - for reference, N-to-N unsorted: every process writes its own file through the mount, and
   `tessera cp -j N` of the N files (the library); and the collective without keys.
 
-The sorted outputs of `sort -m` and of the collective must be identical (checked). Times start
+The sorted outputs of `sort -m` and of the collective must be identical (checked). Each timed
+phase starts after a `sync` and a second's pause (what the phase before left in the background
+otherwise lands on the next: half a second on the first collective). Times start
 when the processes are ready (records in memory) for the mount runs; the `tessera` runs include
 starting the processes and connecting. Every figure is the median of ROUNDS rounds (default
-3). Prints a Markdown table.
+3). Prints a Markdown table; VERBOSE=1 also prints each collective's writers' times.
 
 Usage: python3 scripts/bench_collective.py TESSERA MOUNT TOTAL_BYTES WRITERS[,WRITERS...]
 """
@@ -77,6 +79,13 @@ def in_processes(n: int, prepare: Callable[[int], Callable[[], None]]) -> float:
     return time.perf_counter() - t
 
 
+def settle() -> None:
+    """Lets what the last phase left in the background (the mount's and the servers' work on
+    what it wrote) finish before the next is timed."""
+    os.sync()
+    time.sleep(1)
+
+
 def measure(
     tessera: str, mnt: str, local: str, env: Dict[str, str], n: int, per: int, size: int
 ) -> Dict[str, float]:
@@ -110,6 +119,7 @@ def measure(
 
         return make
 
+    settle()
     write = in_processes(n, own_file(True, "part"))
     t = time.perf_counter()
     parts = [f"{mnt}/part{r}.sam" for r in range(n)]
@@ -122,6 +132,7 @@ def measure(
     res["sort -m alone s"] = merge
 
     def collect(name: str, args: List[str]) -> Tuple[float, float]:
+        settle()
         t = time.perf_counter()
         procs = []
         for r in range(n):
@@ -133,6 +144,9 @@ def measure(
                 ))
         outs = [json.loads(p.communicate()[0]) for p in procs]
         took = time.perf_counter() - t
+        if os.environ.get("VERBOSE"):
+            phases = [(o["waited_secs"], o["aggregation_secs"]) for o in outs]
+            print(f"{name}: {took:.3f} s; (waited, aggregation) s: {phases}", file=sys.stderr)
         if any(p.returncode for p in procs):
             raise RuntimeError(f"tessera collect {name} failed")
         assert all(o["size"] == size for o in outs), outs
@@ -150,8 +164,10 @@ def measure(
     took, _ = collect("plain.sam", [])
     res["collective unsorted s"] = took
 
+    settle()
     res["N-to-N unsorted (mount) s"] = in_processes(n, own_file(False, "nn"))
     os.mkdir(f"{mnt}/cp")
+    settle()
     t = time.perf_counter()
     subprocess.run(
         [tessera, "cp", "-j", str(n), *[f"{local}/w{r}.sam" for r in range(n)],
