@@ -77,7 +77,7 @@ impl Dir {
     /// Removes the directory and all it holds; another writer may be removing it too.
     pub async fn remove(&self, client: &Client) -> Result<()> {
         let gone = |e: &tessera_client::Error| e.is(&ErrorCode::NotFound);
-        loop {
+        for _ in 0..3 {
             let entries = match client.read_dir(&self.path).await {
                 Ok(e) => e,
                 Err(e) if gone(&e) => return Ok(()),
@@ -97,6 +97,7 @@ impl Dir {
                 _ => return Ok(()),
             }
         }
+        Err(tessera_client::Error::from(ErrorCode::NotEmpty).into())
     }
 
     /// What the directory holds now; `None` if it is gone.
