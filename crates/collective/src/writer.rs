@@ -541,6 +541,14 @@ impl Collective {
             if listing.error {
                 return Err(Error::Failed(failure(&self.client, &self.dir).await));
             }
+            if let Some(&r) = listing.aborted.iter().next() {
+                let name = format!("w{r}.abort");
+                let why = match self.dir.get::<Abort>(&self.client, &name).await {
+                    Ok(a) => format!("writer {r} left without finishing: {}", a.reason),
+                    Err(_) => format!("writer {r} left without finishing"),
+                };
+                return Err(Error::Failed(self.fail(&why).await));
+            }
             let (done, missing) = ready(&listing);
             if done {
                 return Ok(Some(listing));
@@ -607,8 +615,7 @@ async fn leave(client: &Client, dir: &Dir, rank: u32, reason: &str, runs: u32) -
         reason: reason.to_string(),
     };
     let json = serde_json::to_vec(&abort).map_err(|e| Error::Invalid(e.to_string()))?;
-    dir.put(client, rank, &format!("w{rank}.abort"), &json)
-        .await?;
+    // The error first: whoever sees the abort marker finds the reason in place already.
     fail(
         client,
         dir,
@@ -616,6 +623,8 @@ async fn leave(client: &Client, dir: &Dir, rank: u32, reason: &str, runs: u32) -
         &format!("writer {rank} left without finishing: {reason}"),
     )
     .await;
+    dir.put(client, rank, &format!("w{rank}.abort"), &json)
+        .await?;
     for k in 0..runs {
         let _ = client.remove_file(dir.child(&run_name(rank, k))).await;
     }
