@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Debian packages the tests use beyond the toolchains, installed when missing (CI starts from
-# a machine with only the toolchains): fio (exports of the I/O model are parsed by it) and
-# chromium (HTML reports are loaded in it, headless).
+# a machine with only the toolchains): fio (exports of the I/O model are parsed by it),
+# chromium (HTML reports are loaded in it, headless), and OpenMPI with mpi4py (MPI ranks write
+# a collective output, python/examples/collective_mpi.py).
 set -euo pipefail
 want=()
 command -v fio >/dev/null || want+=(fio)
 command -v chromium >/dev/null || want+=(chromium)
+command -v mpirun >/dev/null || want+=(openmpi-bin)
+[ -d /usr/lib/python3/dist-packages/mpi4py ] || want+=(python3-mpi4py)
 if [ ${#want[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get install -y -q "${want[@]}" >/dev/null 2>&1 ||

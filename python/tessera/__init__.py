@@ -13,6 +13,7 @@ b'hi'
 
 from . import trace
 from ._client import Client, TesseraFile
+from ._collective import Collective, CollectiveError, CollectiveResult, collective
 from ._tessera import __version__, cluster_file
 from .cluster import LocalCluster, find_binary
 
@@ -23,5 +24,9 @@ __all__ = [
     "find_binary",
     "cluster_file",
     "trace",
+    "collective",
+    "Collective",
+    "CollectiveError",
+    "CollectiveResult",
     "__version__",
 ]

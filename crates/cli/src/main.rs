@@ -1,6 +1,7 @@
 //! `tessera`: run and use a Tessera cluster.
 
 mod bench;
+mod collect;
 mod config;
 mod copy;
 mod files;
@@ -101,6 +102,9 @@ enum Cmd {
     Mkdir(files::MkdirArgs),
     /// Print files to standard output.
     Cat(files::CatArgs),
+    /// Be one of N writers of one output made of standard input's lines (sorted with --key):
+    /// a collective output (docs/SEMANTICS.md).
+    Collect(collect::CollectArgs),
     /// Find inodes no name reaches (left by clients that died mid-operation) and, with
     /// --repair, reclaim them.
     Fsck(fsck::FsckArgs),
@@ -493,6 +497,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Rm(a) => files::rm(&client(&cli, &cfg).await?, a).await,
         Cmd::Mkdir(a) => files::mkdir(&client(&cli, &cfg).await?, a).await,
         Cmd::Cat(a) => files::cat(&client(&cli, &cfg).await?, a).await,
+        Cmd::Collect(a) => collect::run(&client(&cli, &cfg).await?, a).await,
         Cmd::Fsck(a) => fsck::run(&client(&cli, &cfg).await?, a).await,
         Cmd::Bench(a) => bench::run(client(&cli, &cfg).await?, a.clone()).await,
         Cmd::Report(a) => report::run(cli.secret.as_deref(), &cfg, a).await,

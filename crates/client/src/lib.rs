@@ -118,6 +118,23 @@ impl Client {
         }
     }
 
+    /// The same connections, the files it opens reading `stripes` stripes ahead on sequential
+    /// reads instead of `ClientOptions::readahead`: a reader that bounds its own memory (a
+    /// collective output's merge) asks for 0.
+    #[must_use]
+    pub fn with_readahead(&self, stripes: usize) -> Self {
+        if self.opts.readahead == stripes {
+            return self.clone();
+        }
+        Self {
+            opts: Arc::new(ClientOptions {
+                readahead: stripes,
+                ..(*self.opts).clone()
+            }),
+            ..self.clone()
+        }
+    }
+
     /// The same connections, this handle's requests (and those of the files it opens) going
     /// out on `lane` when their thread runs them through [`Lane::block_on`] (see [`Lane`]);
     /// elsewhere, on the shared connections as ever.

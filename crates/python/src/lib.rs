@@ -7,6 +7,7 @@
 //! write, from the network's buffers into the returned `bytes` on a read. Batch calls
 //! (`cat_many`, `pipe_many`, `put_many`, `get_many`) keep many files in flight at once.
 
+mod collective;
 mod config;
 mod error;
 mod file;
@@ -14,6 +15,7 @@ mod sink;
 mod trace;
 
 use bytes::Bytes;
+use collective::{collective_err, CollectiveError, PyCollective};
 use error::{at, to_py};
 use file::PyFile;
 use futures::stream::{self, StreamExt};
@@ -344,6 +346,13 @@ fn outcomes<'py>(
         })
         .collect();
     PyList::new(py, items)
+}
+
+/// `seconds` as a duration, for the argument `what`.
+fn duration(seconds: f64, what: &str) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(seconds).map_err(|_| {
+        PyValueError::new_err(format!("{what}: {seconds} is not a duration in seconds"))
+    })
 }
 
 /// A connection to a Tessera cluster, shared by every thread of the process that uses it.
@@ -718,6 +727,60 @@ impl PyClient {
         let names: Vec<String> = pairs.into_iter().map(|(r, _)| r).collect();
         outcomes(py, results, &names)
     }
+
+    /// Joins the collective output `path` as writer `rank` of `writers` (see
+    /// `tessera.collective`).
+    #[pyo3(signature = (
+        path, writers, rank, sorted = false, threshold = 16 << 20, top = None,
+        strategy = "least-loaded", coordinators_per_node = 1, memory = 64 << 20,
+        timeout = 10.0, join_timeout = 300.0,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn collective(
+        &self,
+        py: Python<'_>,
+        path: &str,
+        writers: u32,
+        rank: u32,
+        sorted: bool,
+        threshold: usize,
+        top: Option<u64>,
+        strategy: &str,
+        coordinators_per_node: usize,
+        memory: usize,
+        timeout: f64,
+        join_timeout: f64,
+    ) -> PyResult<PyCollective> {
+        let p = norm(path);
+        let opts = tessera_collective::Options {
+            sorted,
+            threshold,
+            top,
+            strategy: strategy.parse().map_err(PyValueError::new_err)?,
+            coordinators_per_node,
+            memory,
+            timeout: duration(timeout, "timeout")?,
+            join_timeout: duration(join_timeout, "join_timeout")?,
+            ..tessera_collective::Options::new(writers, rank)
+        };
+        let c = &self.client;
+        let w = py
+            .detach(|| runtime().block_on(tessera_collective::Collective::join(c, &p, opts)))
+            .map_err(|e| collective_err(e, &p))?;
+        Ok(PyCollective::new(w, p))
+    }
+
+    /// Waits until the collective output `path` is in place and returns its size; raises
+    /// `CollectiveError` with the reason if its writers failed (`timeout`: seconds, or None
+    /// to wait as long as it takes).
+    #[pyo3(signature = (path, timeout = None))]
+    fn wait_output(&self, py: Python<'_>, path: &str, timeout: Option<f64>) -> PyResult<u64> {
+        let p = norm(path);
+        let timeout = timeout.map(|t| duration(t, "timeout")).transpose()?;
+        let c = &self.client;
+        py.detach(|| runtime().block_on(tessera_collective::wait_output(c, &p, timeout)))
+            .map_err(|e| collective_err(e, &p))
+    }
 }
 
 /// Where `tessera up` writes the cluster file (`$TESSERA_HOME/cluster.toml`).
@@ -731,6 +794,8 @@ fn cluster_file() -> PathBuf {
 fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyClient>()?;
     m.add_class::<PyFile>()?;
+    m.add_class::<PyCollective>()?;
+    m.add("CollectiveError", m.py().get_type::<CollectiveError>())?;
     m.add_function(wrap_pyfunction!(cluster_file, m)?)?;
     m.add_function(wrap_pyfunction!(trace::read_trace, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

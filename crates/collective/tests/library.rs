@@ -1,0 +1,351 @@
+//! Collective outputs through the library against real clusters (testkit): writers as tasks of
+//! one process, each with its own client, as threads of an application would be.
+
+use anyhow::{ensure, Result};
+use std::time::Duration;
+use tessera_client::{Client, ClientOptions};
+use tessera_collective::{wait_output, Collective, Error, Options, Outcome, Strategy};
+use tessera_testkit::{Cluster, ClusterSpec};
+
+const MIB: usize = 1 << 20;
+
+async fn client(c: &Cluster) -> Result<Client> {
+    Ok(Client::connect(ClientOptions::new(c.manager, &c.secret)).await?)
+}
+
+/// Writer `rank`'s records: `n` of `len` bytes, keys from a seeded sequence (few distinct
+/// ones when `keys` is small, so ties abound).
+fn records(rank: u32, n: usize, len: usize, keys: u64) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut x = u64::from(rank).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let key = (x % keys).to_be_bytes().to_vec();
+            let head = format!("w{rank} #{i} k{} ", x % keys);
+            let mut rec = head.into_bytes();
+            rec.resize(len - 1, b'.');
+            rec.push(b'\n');
+            (key, rec)
+        })
+        .collect()
+}
+
+/// The output of `all` writers' records: stably sorted by key (ties by rank, then append
+/// order) when sorted, else in rank order; the first `top`.
+fn reference(all: &[Vec<(Vec<u8>, Vec<u8>)>], sorted: bool, top: Option<u64>) -> Vec<u8> {
+    let mut flat: Vec<&(Vec<u8>, Vec<u8>)> = all.iter().flatten().collect();
+    if sorted {
+        flat.sort_by(|a, b| a.0.cmp(&b.0));
+    }
+    let keep = top.map_or(flat.len(), |k| flat.len().min(k as usize));
+    flat[..keep].iter().flat_map(|(_, r)| r.clone()).collect()
+}
+
+/// Runs `writers` writers of `path` as tasks, each appending its records; their outcomes.
+async fn collect(
+    clients: &[Client],
+    path: &str,
+    all: &[Vec<(Vec<u8>, Vec<u8>)>],
+    opts: &Options,
+) -> Vec<Result<Outcome, Error>> {
+    let tasks: Vec<_> = all
+        .iter()
+        .enumerate()
+        .map(|(rank, recs)| {
+            let client = clients[rank % clients.len()].clone();
+            let (path, recs) = (path.to_string(), recs.clone());
+            let opts = Options {
+                rank: rank as u32,
+                ..opts.clone()
+            };
+            tokio::spawn(async move {
+                let sorted = opts.sorted;
+                let mut w = Collective::join(&client, &path, opts).await?;
+                for (k, r) in &recs {
+                    w.append(r, sorted.then_some(&k[..])).await?;
+                }
+                w.finalise().await
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.expect("writer task"));
+    }
+    out
+}
+
+fn small_cluster() -> Result<Cluster> {
+    Cluster::start(&ClusterSpec {
+        servers: 3,
+        memory: "512MiB".into(),
+        ..ClusterSpec::default()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_strategy_and_unsorted_output_give_the_reference_order() -> Result<()> {
+    let cluster = small_cluster()?;
+    let c = client(&cluster).await?;
+    c.create_dir("/out").await?;
+    let clients = [c.clone(), client(&cluster).await?];
+    let all: Vec<_> = (0..5)
+        .map(|r| records(r, 3000 + 500 * r as usize, 100, 50))
+        .collect();
+    for (n, strategy) in Strategy::ALL.into_iter().enumerate() {
+        let path = format!("/out/s{n}.txt");
+        let opts = Options {
+            sorted: true,
+            strategy,
+            // One node: three coordinators, so that ranges meet inside stripes.
+            coordinators_per_node: 3,
+            threshold: 100_000,
+            ..Options::new(5, 0)
+        };
+        for out in collect(&clients, &path, &all, &opts).await {
+            let out = out?;
+            ensure!(out.coordinators.len() == 3, "{out:?}");
+            ensure!(out.records == all.iter().map(Vec::len).sum::<usize>() as u64);
+        }
+        let got = c.read(&path).await?;
+        ensure!(
+            got == reference(&all, true, None),
+            "{strategy}: not the reference sort"
+        );
+        ensure!(
+            c.read_dir("/out").await?.len() == n + 1,
+            "a working directory is left"
+        );
+    }
+    // Unsorted: the writers' records, writer after writer.
+    let opts = Options {
+        threshold: 64_000,
+        coordinators_per_node: 2,
+        ..Options::new(5, 0)
+    };
+    for out in collect(&clients, "/out/plain", &all, &opts).await {
+        out?;
+    }
+    ensure!(c.read("/out/plain").await? == reference(&all, false, None));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn top_keeps_the_first_records_and_threshold_sets_the_runs() -> Result<()> {
+    let cluster = small_cluster()?;
+    let c = client(&cluster).await?;
+    let all: Vec<_> = (0..4).map(|r| records(r, 1000, 100, 1 << 40)).collect();
+    for top in [0, 1, 777, 3999, 4000, 10_000] {
+        let opts = Options {
+            sorted: true,
+            top: Some(top),
+            coordinators_per_node: 3,
+            threshold: 20_000,
+            ..Options::new(4, 0)
+        };
+        let path = format!("/top{top}");
+        for out in collect(std::slice::from_ref(&c), &path, &all, &opts).await {
+            ensure!(out?.records == top.min(4000));
+        }
+        ensure!(
+            c.read(&path).await? == reference(&all, true, Some(top)),
+            "top {top}"
+        );
+    }
+
+    // Writers with nothing to write make an empty output.
+    let none = vec![Vec::new(); 3];
+    let opts = Options {
+        sorted: true,
+        ..Options::new(3, 0)
+    };
+    for out in collect(std::slice::from_ref(&c), "/empty", &none, &opts).await {
+        ensure!(out?.size == 0);
+    }
+    ensure!(c.stat("/empty").await?.size == 0);
+
+    // A run goes out each time the buffer reaches the threshold (records, keys, and 16 bytes
+    // of bookkeeping each), in the background; wait() and test() see it written.
+    let (threshold, cost): (usize, usize) = (10_000, 8 + 100 + 16);
+    let per_run = threshold.div_ceil(cost);
+    let mut w = Collective::join(
+        &c,
+        "/runs",
+        Options {
+            sorted: true,
+            threshold,
+            ..Options::new(1, 0)
+        },
+    )
+    .await?;
+    for (i, (k, r)) in all[0].iter().enumerate() {
+        w.append(r, Some(k)).await?;
+        if i + 1 == per_run {
+            w.wait().await?;
+            ensure!(w.test());
+            let names = c.read_dir("/.tessera-collective.runs").await?;
+            ensure!(
+                names.iter().any(|(n, _)| n == b"w0.r0"),
+                "no run after the threshold"
+            );
+        }
+    }
+    let out = w.finalise().await?;
+    ensure!(out.runs as usize == 1000usize.div_ceil(per_run), "{out:?}");
+    ensure!(c.read("/runs").await? == reference(&all[..1], true, None));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runs_beyond_the_memory_are_merged_in_passes() -> Result<()> {
+    let cluster = small_cluster()?;
+    let c = client(&cluster).await?;
+    // 6 writers of 20 runs each: 120 runs, more than a 1 MiB coordinator merges at once.
+    let all: Vec<_> = (0..6).map(|r| records(r, 4000, 50, 1000)).collect();
+    let opts = Options {
+        sorted: true,
+        threshold: 200 * (50 + 8 + 16),
+        memory: MIB,
+        coordinators_per_node: 2,
+        ..Options::new(6, 0)
+    };
+    for out in collect(std::slice::from_ref(&c), "/passes", &all, &opts).await {
+        let out = out?;
+        ensure!(
+            out.runs == 20 && out.passes.is_none_or(|p| p > 1),
+            "{out:?}"
+        );
+    }
+    ensure!(c.read("/passes").await? == reference(&all, true, None));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_writer_that_leaves_fails_the_others_and_no_output_appears() -> Result<()> {
+    let cluster = small_cluster()?;
+    let c = client(&cluster).await?;
+    let all: Vec<_> = (0..3).map(|r| records(r, 2000, 100, 100)).collect();
+    let opts = Options {
+        sorted: true,
+        threshold: 50_000,
+        ..Options::new(3, 0)
+    };
+    for how in ["abort", "drop"] {
+        let path = format!("/left-{how}");
+        let mut tasks = Vec::new();
+        for (rank, recs) in all.iter().enumerate() {
+            let (c, path, recs) = (c.clone(), path.clone(), recs.clone());
+            let opts = Options {
+                rank: rank as u32,
+                ..opts.clone()
+            };
+            let how = how.to_string();
+            tasks.push(tokio::spawn(async move {
+                let mut w = Collective::join(&c, &path, opts).await?;
+                for (i, (k, r)) in recs.iter().enumerate() {
+                    w.append(r, Some(k)).await?;
+                    if rank == 1 && i == 1000 {
+                        if how == "abort" {
+                            w.abort("the application gave up").await?;
+                        } else {
+                            drop(w);
+                        }
+                        return Ok(None);
+                    }
+                }
+                w.finalise().await.map(Some)
+            }));
+        }
+        for (rank, t) in tasks.into_iter().enumerate() {
+            match t.await? {
+                Ok(None) if rank == 1 => {}
+                Err(Error::Failed(why)) => {
+                    ensure!(why.contains("writer 1 left"), "{why}");
+                }
+                other => anyhow::bail!("writer {rank}: {other:?}"),
+            }
+        }
+        ensure!(c.stat(&path).await.is_err(), "an output appeared");
+        // A reader waiting for it is told why.
+        match wait_output(&c, &path, Some(Duration::from_secs(60))).await {
+            Err(Error::Failed(why)) => ensure!(why.contains("writer 1 left"), "{why}"),
+            other => anyhow::bail!("wait_output: {other:?}"),
+        }
+        // Joining again is refused until the working directory is removed.
+        let again = Collective::join(&c, &path, Options::new(3, 0)).await;
+        ensure!(matches!(again, Err(Error::Failed(_))));
+        c.remove_all(format!("/.tessera-collective.left-{how}"))
+            .await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_output_larger_than_a_server_is_merged_from_spilled_runs() -> Result<()> {
+    // 150 MiB of records over servers of 96 MiB: runs and output hold twice that meanwhile.
+    let cluster = Cluster::start(&ClusterSpec {
+        servers: 6,
+        memory: "96MiB".into(),
+        ..ClusterSpec::default()
+    })?;
+    let c = client(&cluster).await?;
+    let per = 150 * MIB / 100 / 4;
+    let all: Vec<_> = (0..4).map(|r| records(r, per, 100, 1 << 32)).collect();
+    let opts = Options {
+        sorted: true,
+        threshold: 8 * MIB,
+        memory: 16 * MIB,
+        coordinators_per_node: 2,
+        ..Options::new(4, 0)
+    };
+    for out in collect(std::slice::from_ref(&c), "/big", &all, &opts).await {
+        let out = out?;
+        ensure!(
+            out.size == (4 * per * 100) as u64 && out.runs > 1,
+            "{out:?}"
+        );
+    }
+    ensure!(c.read("/big").await? == reference(&all, true, None));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mirrors_hold_the_output_after_a_server_is_killed_at_finalisation() -> Result<()> {
+    let mut cluster = Cluster::start(&ClusterSpec {
+        servers: 4,
+        replication: 2,
+        memory: "512MiB".into(),
+        manager_args: vec!["--dead-after".into(), "1s".into()],
+        ..ClusterSpec::default()
+    })?;
+    let c = client(&cluster).await?;
+    let all: Vec<_> = (0..4).map(|r| records(r, 60_000, 100, 1 << 20)).collect();
+    let opts = Options {
+        sorted: true,
+        threshold: 2 * MIB,
+        coordinators_per_node: 2,
+        ..Options::new(4, 0)
+    };
+    let writers = {
+        let (c, all) = (c.clone(), all.clone());
+        tokio::spawn(async move { collect(&[c], "/mirrored", &all, &opts).await })
+    };
+    // Kill a server once every writer finalises (their markers are in).
+    let dir = "/.tessera-collective.mirrored";
+    let mut markers = 0;
+    while markers < 4 && !writers.is_finished() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        markers = match c.read_dir(dir).await {
+            Ok(l) => l.iter().filter(|(n, _)| n.ends_with(b".done")).count(),
+            Err(_) => markers,
+        };
+    }
+    cluster.kill_server(1)?;
+    for out in writers.await? {
+        out?;
+    }
+    ensure!(c.read("/mirrored").await? == reference(&all, true, None));
+    Ok(())
+}
