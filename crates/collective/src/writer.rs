@@ -631,13 +631,25 @@ async fn leave(client: &Client, dir: &Dir, rank: u32, reason: &str, runs: u32) -
     Ok(())
 }
 
-/// The reason in the output's `error` file.
+/// The reason in the output's `error` file. A listing showed it: a read that finds it absent
+/// met another writer's `error` replacing it (each writer records what it saw), and looks
+/// again.
 async fn failure(client: &Client, dir: &Dir) -> String {
-    match client.read(dir.child("error")).await {
-        Ok(b) => String::from_utf8_lossy(&b).trim_end().to_string(),
-        Err(e) => format!("{} holds an error that cannot be read: {e}", dir.show_dir()),
+    let mut tries = 0;
+    loop {
+        match client.read(dir.child("error")).await {
+            Ok(b) => return String::from_utf8_lossy(&b).trim_end().to_string(),
+            Err(e) if e.is(&ErrorCode::NotFound) && tries < ERROR_READS => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            Err(e) => return format!("{} holds an error that cannot be read: {e}", dir.show_dir()),
+        }
     }
 }
+
+/// Reads of an `error` file found absent before giving up on it.
+const ERROR_READS: u32 = 40;
 
 async fn fail(client: &Client, dir: &Dir, rank: u32, why: &str) -> String {
     if let Ok(Some(l)) = dir.list(client).await {
