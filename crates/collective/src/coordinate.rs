@@ -87,65 +87,74 @@ async fn span(
     Ok((f, start, end))
 }
 
-/// Where records go as they come out of a merge.
+/// Where records go as they come out of a merge: bytes gathered into writes of `cap`.
 trait Sink {
     fn push(&mut self, key: &[u8], record: &[u8]);
-    fn full(&self) -> bool;
-    async fn write(&mut self) -> Result<()>;
+    fn writes(&mut self) -> &mut Writes;
 }
 
-/// The output file from an offset on: records only, in writes of `cap` bytes.
-struct Output {
+/// A file written from an offset on, in writes of `cap` bytes.
+struct Writes {
     file: File,
     at: u64,
     buf: Vec<u8>,
     cap: usize,
+}
+
+impl Writes {
+    fn new(file: File, at: u64, cap: usize) -> Self {
+        Self {
+            file,
+            at,
+            buf: Vec::with_capacity(cap),
+            cap,
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.buf.len() >= self.cap
+    }
+
+    async fn write(&mut self) -> Result<()> {
+        if !self.buf.is_empty() {
+            self.file.write_at(self.at, &self.buf).await?;
+            self.at += self.buf.len() as u64;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+}
+
+/// The output file from an offset on: records only.
+struct Output {
+    out: Writes,
     records: u64,
     bytes: u64,
 }
 
 impl Sink for Output {
     fn push(&mut self, _key: &[u8], record: &[u8]) {
-        self.buf.extend_from_slice(record);
+        self.out.buf.extend_from_slice(record);
         self.records += 1;
         self.bytes += record.len() as u64;
     }
-    fn full(&self) -> bool {
-        self.buf.len() >= self.cap
-    }
-    async fn write(&mut self) -> Result<()> {
-        if !self.buf.is_empty() {
-            self.file.write_at(self.at, &self.buf).await?;
-            self.at += self.buf.len() as u64;
-            self.buf.clear();
-        }
-        Ok(())
+    fn writes(&mut self) -> &mut Writes {
+        &mut self.out
     }
 }
 
 /// An intermediate run: keys and records, as the writers' runs.
 struct Intermediate {
-    file: File,
-    at: u64,
-    buf: Vec<u8>,
-    cap: usize,
+    out: Writes,
     enc: RunEncoder,
 }
 
 impl Sink for Intermediate {
     fn push(&mut self, key: &[u8], record: &[u8]) {
-        self.enc.push(&mut self.buf, key, record);
+        self.enc.push(&mut self.out.buf, key, record);
     }
-    fn full(&self) -> bool {
-        self.buf.len() >= self.cap
-    }
-    async fn write(&mut self) -> Result<()> {
-        if !self.buf.is_empty() {
-            self.file.write_at(self.at, &self.buf).await?;
-            self.at += self.buf.len() as u64;
-            self.buf.clear();
-        }
-        Ok(())
+    fn writes(&mut self) -> &mut Writes {
+        &mut self.out
     }
 }
 
@@ -191,11 +200,11 @@ async fn merge_into(
             Step::Record { key, record, .. } => sink.push(key, record),
             Step::Done => break,
         }
-        if sink.full() {
-            sink.write().await?;
+        if sink.writes().full() {
+            sink.writes().write().await?;
         }
     }
-    sink.write().await?;
+    sink.writes().write().await?;
     Ok(merge.emitted())
 }
 
@@ -266,15 +275,12 @@ pub async fn coordinate(
             let path = dir.child(&format!("c{i}.p{passes}.{g}"));
             let file = client.open(&path, &OpenOptions::create()).await?;
             let mut sink = Intermediate {
-                file,
-                at: 0,
-                buf: Vec::with_capacity(cap),
-                cap,
+                out: Writes::new(file, 0, cap),
                 enc: RunEncoder::new(),
             };
             let count = merge_into(group, limit, block, &mut sink).await?;
             let end = sink.enc.len();
-            sink.file.close().await?;
+            sink.out.file.close().await?;
             next.push(Source {
                 file: reader.open(&path, &OpenOptions::read()).await?,
                 from: 0,
@@ -296,16 +302,14 @@ pub async fn coordinate(
             create: true,
             ..OpenOptions::default()
         };
+        let file = client.open(dir.child("output"), &opts).await?;
         let mut out = Output {
-            file: client.open(dir.child("output"), &opts).await?,
-            at: offset,
-            buf: Vec::with_capacity(cap),
-            cap,
+            out: Writes::new(file, offset, cap),
             records: 0,
             bytes: 0,
         };
         merge_into(sources, limit.take(), block, &mut out).await?;
-        out.file.close().await?;
+        out.out.file.close().await?;
         (out.records, out.bytes)
     };
     for path in made {

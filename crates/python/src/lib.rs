@@ -7,6 +7,7 @@
 //! write, from the network's buffers into the returned `bytes` on a read. Batch calls
 //! (`cat_many`, `pipe_many`, `put_many`, `get_many`) keep many files in flight at once.
 
+mod batch;
 mod collective;
 mod config;
 mod error;
@@ -14,6 +15,7 @@ mod file;
 mod sink;
 mod trace;
 
+use batch::{outcomes, run_all};
 use bytes::Bytes;
 use collective::{collective_err, CollectiveError, PyCollective};
 use error::{at, to_py};
@@ -312,40 +314,6 @@ async fn copy_one(client: &Client, from: &str, to: &str) -> Result<(), Error> {
     .await;
     let closed = src.close().await;
     copied.and(closed)
-}
-
-/// A `None` or the exception of every item of a batch, in order.
-/// Runs `jobs` as tasks on the runtime, `concurrency` at a time (each on any worker thread, so
-/// a batch uses every core); the results come back in the order of `jobs`.
-fn run_all<T, F>(jobs: impl Iterator<Item = F>, concurrency: usize) -> Vec<Result<T, Error>>
-where
-    T: Send + 'static,
-    F: std::future::Future<Output = Result<T, Error>> + Send + 'static,
-{
-    let tasks = jobs.map(|job| {
-        let task = runtime().spawn(job);
-        async move {
-            task.await
-                .unwrap_or_else(|e| Err(Error::Unavailable(format!("task failed: {e}"))))
-        }
-    });
-    runtime().block_on(stream::iter(tasks).buffered(concurrency.max(1)).collect())
-}
-
-fn outcomes<'py>(
-    py: Python<'py>,
-    results: Vec<Result<(), Error>>,
-    names: &[String],
-) -> PyResult<Bound<'py, PyList>> {
-    let items: Vec<Py<PyAny>> = results
-        .into_iter()
-        .zip(names)
-        .map(|(r, n)| match r {
-            Ok(()) => py.None(),
-            Err(e) => to_py(&e, Some(n)).into_value(py).into_any(),
-        })
-        .collect();
-    PyList::new(py, items)
 }
 
 /// `seconds` as a duration, for the argument `what`.
