@@ -335,7 +335,8 @@ impl Hosts {
         })
     }
 
-    /// Kills every process of host `i` (SIGKILL, as a crash); returns how many there were.
+    /// Kills every process of host `i` (SIGKILL, as a crash); returns how many there were. A
+    /// FUSE mount served from the host is left dead, for its owner to unmount.
     pub fn kill(&self, i: usize) -> Result<usize, HostsError> {
         kill_netns(&self.netns(i))
     }

@@ -234,12 +234,12 @@ impl Cluster {
         place(self.hosts.as_ref(), host, program)
     }
 
-    /// Server `i` listens on 127.0.0.(i+2), or its host's address, on a port of its own
-    /// choosing.
+    /// Server `i` listens on 127.0.0.(i+2), or on its host's every address (announcing the
+    /// one it reaches the manager from), on a port of its own choosing.
     fn spawn_server(&self, i: usize) -> Result<Child> {
         let host = self.server_host(i);
         let listen = match &self.hosts {
-            Some(h) => format!("{}:0", h.addr(host)),
+            Some(_) => "0.0.0.0:0".to_string(),
             None => format!("127.0.0.{}:0", i + 2),
         };
         let mut s = quiet(self.command(host, &bin("tessera")?));
