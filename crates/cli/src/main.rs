@@ -297,7 +297,8 @@ impl ClusterArgs {
 
 #[derive(clap::Args, Debug)]
 struct ServerArgs {
-    /// Address to serve on (port 0 picks one).
+    /// Address to serve on (port 0 picks one; default: the address this machine reaches the
+    /// manager from). On 0.0.0.0 the server is announced under that address.
     #[arg(long)]
     listen: Option<String>,
     /// Memory this server offers (e.g. 4GiB).
@@ -382,19 +383,24 @@ async fn run_server(cli: &Cli, args: &ServerArgs, cfg: &config::FileConfig) -> R
         .clone()
         .or_else(|| cfg.manager.clone())
         .unwrap_or_else(|| DEFAULT_MANAGER.into());
-    let listen = args
-        .listen
-        .clone()
-        .or_else(|| cfg.server.listen.clone())
-        .unwrap_or_else(|| "127.0.0.1:0".into());
+    let manager = config::addr(&manager, "manager")?;
+    let listen = match args.listen.as_ref().or(cfg.server.listen.as_ref()) {
+        Some(listen) => config::addr(listen, "listen")?,
+        // The address the manager is reached from: loopback for a local one.
+        None => std::net::SocketAddr::new(
+            tessera_server::route_to(manager)
+                .with_context(|| format!("no route to the manager at {manager}"))?,
+            0,
+        ),
+    };
     let memory = args
         .memory
         .clone()
         .or_else(|| cfg.server.memory.clone())
         .context("how much memory should this server offer? --memory 4GiB")?;
     let mut opts = tessera_server::ServerOptions::new(
-        config::addr(&listen, "listen")?,
-        config::addr(&manager, "manager")?,
+        listen,
+        manager,
         Secret::new(&secret),
         config::size(&memory)?,
     );
