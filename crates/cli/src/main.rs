@@ -4,6 +4,7 @@ mod bench;
 mod collect;
 mod config;
 mod copy;
+mod evaluate;
 mod files;
 mod fsck;
 mod latency;
@@ -117,6 +118,9 @@ enum Cmd {
     /// Run an I/O model against a directory and measure it, check the replay against the
     /// original trace, or export the model for IOR, fio or mdtest; see docs/MODEL.md.
     Replay(replay::ReplayArgs),
+    /// Rank cluster configurations for a workload: each built as emulated hosts, the workload
+    /// run and measured there, compared by time and cost (docs/EVALUATE.md; needs root).
+    Evaluate(evaluate::EvaluateArgs),
     /// Grow or shrink a running cluster (servers from the manager's provisioner; removed
     /// servers are drained first).
     Scale(scale::ScaleArgs),
@@ -510,6 +514,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Trace(a) => trace::run(a),
         Cmd::Profile(a) => profile::run(a),
         Cmd::Replay(a) => replay::run(a),
+        Cmd::Evaluate(a) => evaluate::run(a),
         Cmd::Scale(a) => {
             let (manager, secret) =
                 config::endpoint(cli.manager.as_deref(), cli.secret.as_deref(), &cfg)?;

@@ -217,8 +217,14 @@ fn check(c: RawConfig, prices: &BTreeMap<String, Price>) -> Result<Candidate, Er
         .map_err(|e| bad(format!("memory {:?}: {e}", c.memory)))?;
     let stripe = parse_size::parse_size(&c.stripe)
         .map_err(|e| bad(format!("stripe {:?}: {e}", c.stripe)))?;
-    if memory == 0 || stripe == 0 {
-        return Err(bad("memory and stripe must not be zero".into()));
+    if memory == 0 {
+        return Err(bad("memory must not be zero".into()));
+    }
+    if stripe == 0 || stripe % (1 << 20) != 0 || stripe > 64 << 20 {
+        return Err(bad(format!(
+            "stripe {:?}: a multiple of 1MiB, at most 64MiB",
+            c.stripe
+        )));
     }
     if !(c.cores.is_finite() && c.cores > 0.0) {
         return Err(bad(format!("cores = {}: give a positive number", c.cores)));
@@ -380,6 +386,7 @@ bandwidth = "100Gbit"
             (GOOD.replace("runs = 2", "runs = 0"), "runs = 0"),
             (GOOD.replace("cores = 0.5", "cores = 0"), "cores = 0"),
             (GOOD.replace("loss = 0.1", "loss = 100"), "loss = 100"),
+            (GOOD.replace("\"4MiB\"", "\"256KiB\""), "a multiple of 1MiB"),
             (
                 GOOD.replace("name = \"big\"", "name = \"a b\""),
                 "a name is",
