@@ -5,12 +5,14 @@
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_evaluate::{rank, Candidate, Plan, Run, Verdict};
 use tessera_hosts::{Hosts, Limits, Link, Spec};
 use tessera_proto::ClusterStatus;
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct EvaluateArgs {
     /// The candidates, their price table and the runs (TOML; docs/EVALUATE.md).
     configs: PathBuf,
@@ -35,7 +37,36 @@ const MANAGER_PORT: u16 = 7070;
 /// How long a cluster of emulated hosts may take to come up.
 const READY_WITHIN: Duration = Duration::from_secs(60);
 
-pub fn run(args: &EvaluateArgs) -> Result<()> {
+/// Evaluates until done, or until Ctrl-C or SIGTERM: then the run in progress is stopped and
+/// the emulated hosts and the mount are taken down before returning.
+pub async fn run(args: &EvaluateArgs) -> Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut signals = crate::StopSignals::new()?;
+    let (args, flag) = (args.clone(), Arc::clone(&stop));
+    let mut work = tokio::task::spawn_blocking(move || evaluate(&args, &Stop(flag)));
+    tokio::select! {
+        r = &mut work => return r.context("the evaluation")?,
+        () = signals.recv() => {}
+    }
+    stop.store(true, Ordering::SeqCst);
+    eprintln!("interrupted: taking the emulated hosts down");
+    work.await.context("the evaluation")??;
+    bail!("interrupted")
+}
+
+/// Set on Ctrl-C: every wait checks it.
+struct Stop(Arc<AtomicBool>);
+
+impl Stop {
+    fn check(&self) -> Result<()> {
+        if self.0.load(Ordering::SeqCst) {
+            bail!("interrupted");
+        }
+        Ok(())
+    }
+}
+
+fn evaluate(args: &EvaluateArgs, stop: &Stop) -> Result<()> {
     let text = std::fs::read_to_string(&args.configs)
         .with_context(|| format!("reading {}", args.configs.display()))?;
     let plan = Plan::parse(&text)?;
@@ -57,11 +88,11 @@ pub fn run(args: &EvaluateArgs) -> Result<()> {
             c.bandwidth_bps,
             c.latency
         );
-        let cluster = Emulated::start(c)?;
+        let cluster = Emulated::start(c, stop)?;
         let mut measured = Vec::with_capacity(plan.runs as usize);
         for k in 0..plan.runs {
             let r = cluster
-                .measure(&workload, k)
+                .measure(&workload, k, stop)
                 .with_context(|| format!("{}: run {}", c.name, k + 1))?;
             eprintln!("  run {}: {:.2} s", k + 1, r.seconds);
             measured.push(r);
@@ -146,7 +177,7 @@ struct Emulated {
 }
 
 impl Emulated {
-    fn start(c: &Candidate) -> Result<Self> {
+    fn start(c: &Candidate, stop: &Stop) -> Result<Self> {
         let hosts = Hosts::start(&Spec {
             hosts: c.hosts as usize,
             limits: Limits {
@@ -203,11 +234,11 @@ impl Emulated {
                 ],
             )?;
         }
-        e.wait_ready(c.hosts)?;
+        e.wait_ready(c.hosts, stop)?;
         std::fs::create_dir_all(&e.mount)?;
         let mount = e.mount.to_string_lossy().into_owned();
         e.spawn(0, &["mount", &mount])?;
-        e.wait_mounted()?;
+        e.wait_mounted(stop)?;
         Ok(e)
     }
 
@@ -253,9 +284,10 @@ impl Emulated {
         serde_json::from_slice(&out.stdout).context("tessera status --json")
     }
 
-    fn wait_ready(&self, servers: u32) -> Result<()> {
+    fn wait_ready(&self, servers: u32, stop: &Stop) -> Result<()> {
         let deadline = Instant::now() + READY_WITHIN;
         loop {
+            stop.check()?;
             if let Ok(s) = self.status() {
                 let alive = s.nodes.iter().filter(|n| n.alive).count();
                 if s.epoch.is_some() && alive == servers as usize {
@@ -273,11 +305,12 @@ impl Emulated {
         }
     }
 
-    fn wait_mounted(&mut self) -> Result<()> {
+    fn wait_mounted(&mut self, stop: &Stop) -> Result<()> {
         use std::os::unix::fs::MetadataExt;
         let parent = std::fs::metadata(self.mount.parent().unwrap_or(Path::new("/")))?.dev();
         let deadline = Instant::now() + READY_WITHIN;
         while std::fs::metadata(&self.mount)?.dev() == parent {
+            stop.check()?;
             if Instant::now() > deadline {
                 bail!(
                     "{} was not mounted within {READY_WITHIN:?}",
@@ -306,7 +339,7 @@ impl Emulated {
 
     /// Runs the workload once in a fresh directory and measures it; the directory is removed
     /// after.
-    fn measure(&self, w: &Workload, k: u32) -> Result<Run> {
+    fn measure(&self, w: &Workload, k: u32, stop: &Stop) -> Result<Run> {
         let dir = self.mount.join(format!("run-{k}"));
         std::fs::create_dir_all(&dir)?;
         let mut cmd = match w {
@@ -335,6 +368,11 @@ impl Emulated {
             if let Some(s) = child.try_wait()? {
                 break s;
             }
+            if let Err(e) = stop.check() {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e);
+            }
             if let Ok(s) = self.status() {
                 peak = peak.max(s.nodes.iter().map(|n| n.stats.used).sum());
             }
@@ -347,7 +385,10 @@ impl Emulated {
             bail!("the workload failed: {status}");
         }
         std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        let (busiest_cpu_seconds, busiest_link_bytes) = after.busiest(&before);
         Ok(Run {
+            busiest_cpu_seconds,
+            busiest_link_bytes,
             seconds,
             bytes: after.bytes - before.bytes.min(after.bytes),
             ops: after.ops - before.ops.min(after.ops),
@@ -387,6 +428,8 @@ struct Counters {
     iowait: f64,
     /// Bytes every host sent on its link.
     link_bytes: u64,
+    /// Per host: CPU seconds, and bytes through its link (received, sent).
+    per_host: Vec<(f64, u64, u64)>,
 }
 
 impl Counters {
@@ -398,11 +441,13 @@ impl Counters {
             bytes += n.stats.bytes_read + n.stats.bytes_written;
             ops += n.stats.reads + n.stats.writes + n.stats.meta_ops;
         }
-        let (mut cpu, mut link_bytes) = (0.0, 0);
+        let mut per_host = Vec::with_capacity(e.hosts.len());
         for i in 0..e.hosts.len() {
-            cpu += e.hosts.usage(i)?.cpu.as_secs_f64();
-            link_bytes += e.hosts.run_in(i, sent_bytes)??;
+            let (rx, tx) = e.hosts.run_in(i, link_bytes)??;
+            per_host.push((e.hosts.usage(i)?.cpu.as_secs_f64(), rx, tx));
         }
+        let cpu = per_host.iter().map(|h| h.0).sum();
+        let link_bytes = per_host.iter().map(|h| h.2).sum();
         Ok(Self {
             bytes,
             ops,
@@ -410,18 +455,35 @@ impl Counters {
             cpu,
             iowait: iowait_seconds()?,
             link_bytes,
+            per_host,
         })
+    }
+
+    /// The busiest host's CPU seconds and its link's bytes in the busier direction, since
+    /// `before`.
+    fn busiest(&self, before: &Self) -> (f64, u64) {
+        let deltas = self.per_host.iter().zip(&before.per_host);
+        let cpu = deltas.clone().map(|(a, b)| a.0 - b.0).fold(0.0, f64::max);
+        let link = deltas
+            .map(|(a, b)| a.1.saturating_sub(b.1).max(a.2.saturating_sub(b.2)))
+            .max()
+            .unwrap_or(0);
+        (cpu, link)
     }
 }
 
-/// Bytes sent on `eth0` of the network this thread is in.
-fn sent_bytes() -> Result<u64> {
+/// Bytes received and sent on `eth0` of the network this thread is in.
+fn link_bytes() -> Result<(u64, u64)> {
     let dev = std::fs::read_to_string("/proc/thread-self/net/dev")?;
     dev.lines()
         .find_map(|l| {
             let (name, rest) = l.split_once(':')?;
-            // Receive has 8 fields, then transmit bytes.
-            (name.trim() == "eth0").then(|| rest.split_whitespace().nth(8)?.parse().ok())?
+            if name.trim() != "eth0" {
+                return None;
+            }
+            // Received bytes first; 8 receive fields, then sent bytes.
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some((f.first()?.parse().ok()?, f.get(8)?.parse().ok()?))
         })
         .context("no eth0 in the host's /proc/net/dev")
 }

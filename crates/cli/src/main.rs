@@ -514,7 +514,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Trace(a) => trace::run(a),
         Cmd::Profile(a) => profile::run(a),
         Cmd::Replay(a) => replay::run(a),
-        Cmd::Evaluate(a) => evaluate::run(a),
+        Cmd::Evaluate(a) => evaluate::run(a).await,
         Cmd::Scale(a) => {
             let (manager, secret) =
                 config::endpoint(cli.manager.as_deref(), cli.secret.as_deref(), &cfg)?;

@@ -147,3 +147,52 @@ fn bad_candidates_files_and_flags_are_refused_clearly() {
     let out = evaluate(dir.path(), &["bad.toml"]);
     assert!(!out.status.success(), "no workload given");
 }
+
+#[test]
+fn ctrl_c_takes_the_hosts_and_the_mount_down() {
+    if !emulated_hosts_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("configs.toml"), CONFIGS).unwrap();
+    let mut child = Command::new(TESSERA)
+        .args([
+            "evaluate",
+            "configs.toml",
+            "--workload",
+            "touch started; sleep 60",
+        ])
+        .current_dir(dir.path())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mounts = || {
+        std::fs::read_to_string("/proc/self/mounts")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&format!("tessera-evaluate-{pid}-")))
+            .count()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while mounts() == 0 {
+        assert!(std::time::Instant::now() < deadline, "never mounted");
+        assert!(child.try_wait().unwrap().is_none(), "evaluate ended early");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // The workload is running on the mount: interrupt, as Ctrl-C does to the command.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("interrupted"), "{err}");
+    assert_eq!(mounts(), 0, "a mount is left");
+    let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let left = String::from_utf8_lossy(&netns.stdout);
+    assert!(
+        !left.contains(&format!("tsr{pid:06x}")),
+        "namespaces are left: {left}"
+    );
+}

@@ -23,6 +23,12 @@ pub struct Run {
     pub iowait_seconds: f64,
     /// Bytes that crossed the emulated links (sent by every host).
     pub link_bytes: u64,
+    /// CPU time of the busiest host, seconds.
+    #[serde(default)]
+    pub busiest_cpu_seconds: f64,
+    /// Bytes through the busiest link, in its busier direction.
+    #[serde(default)]
+    pub busiest_link_bytes: u64,
 }
 
 /// What limits a candidate, from how busy each resource was.
@@ -86,7 +92,8 @@ pub struct Outcome {
     pub throughput: f64,
     pub ops_per_second: f64,
     pub memory_peak: u64,
-    /// Fractions of capacity: CPU of all hosts, link bandwidth of all hosts, server memory.
+    /// Fractions of capacity of the busiest host's CPU, of the busiest link and of the
+    /// servers' memory: the busiest one bounds the whole.
     pub cpu_busy: f64,
     pub link_busy: f64,
     pub memory_busy: f64,
@@ -121,9 +128,9 @@ fn outcome(c: &Candidate, runs: &[Run]) -> Outcome {
     let median_of = |f: &dyn Fn(&Run) -> f64| Spread::of(runs.iter().map(f).collect()).median;
     let t = seconds.median;
     let hosts = f64::from(c.hosts);
-    let cpu_busy = median_of(&|r| r.cpu_seconds / (r.seconds.max(1e-9) * hosts * c.cores));
+    let cpu_busy = median_of(&|r| r.busiest_cpu_seconds / (r.seconds.max(1e-9) * c.cores));
     let link_busy = median_of(&|r| {
-        r.link_bytes as f64 * 8.0 / (r.seconds.max(1e-9) * hosts * c.bandwidth_bps as f64)
+        r.busiest_link_bytes as f64 * 8.0 / (r.seconds.max(1e-9) * c.bandwidth_bps as f64)
     });
     let memory_peak = runs.iter().map(|r| r.memory_peak).max().unwrap_or(0);
     let memory_busy = memory_peak as f64 / (hosts * c.memory as f64);
@@ -295,14 +302,14 @@ bandwidth = "1Gbit"
     fn the_busiest_resource_names_the_bound() {
         let p = plan();
         let busy_link = Run {
-            // 8 hosts x 1 Gbit/s x 10 s = 10 GB; 8 GB crossed the links: 80 %.
-            link_bytes: 8_000_000_000,
-            cpu_seconds: 8.0,
+            // 1 Gbit/s x 10 s = 1.25 GB; 1 GB through the busiest link: 80 %.
+            busiest_link_bytes: 1_000_000_000,
+            busiest_cpu_seconds: 2.0,
             ..run(10.0)
         };
         let busy_cpu = Run {
-            // 4 hosts x 1 core x 10 s; 36 s of CPU.
-            cpu_seconds: 36.0,
+            // 1 core x 10 s; 9 s of CPU on the busiest host.
+            busiest_cpu_seconds: 9.0,
             ..run(10.0)
         };
         let v = rank(&p, &[vec![busy_cpu], vec![busy_link]]);

@@ -415,6 +415,8 @@ pub fn verdict() -> tessera_evaluate::Verdict {
                     cpu_seconds: t * 0.4 * f64::from(hosts),
                     iowait_seconds: 0.1,
                     link_bytes: (2u64 << 30) * 3,
+                    busiest_cpu_seconds: t * 0.4,
+                    busiest_link_bytes: 2 << 30,
                 })
                 .collect()
         })
