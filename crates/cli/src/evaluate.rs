@@ -459,13 +459,14 @@ impl Counters {
         })
     }
 
-    /// The busiest host's CPU seconds and its link's bytes in the busier direction, since
-    /// `before`.
+    /// The busiest host's CPU seconds and its link's bytes both ways, since `before`. Both
+    /// ways: a workload's writes and reads come in turn, each one way, so a link is as busy
+    /// as the two directions together.
     fn busiest(&self, before: &Self) -> (f64, u64) {
         let deltas = self.per_host.iter().zip(&before.per_host);
         let cpu = deltas.clone().map(|(a, b)| a.0 - b.0).fold(0.0, f64::max);
         let link = deltas
-            .map(|(a, b)| a.1.saturating_sub(b.1).max(a.2.saturating_sub(b.2)))
+            .map(|(a, b)| a.1.saturating_sub(b.1) + a.2.saturating_sub(b.2))
             .max()
             .unwrap_or(0);
         (cpu, link)

@@ -26,7 +26,7 @@ pub struct Run {
     /// CPU time of the busiest host, seconds.
     #[serde(default)]
     pub busiest_cpu_seconds: f64,
-    /// Bytes through the busiest link, in its busier direction.
+    /// Bytes through the busiest link, both directions together.
     #[serde(default)]
     pub busiest_link_bytes: u64,
 }
