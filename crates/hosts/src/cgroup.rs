@@ -284,7 +284,16 @@ fn remove_dirs(dirs: &[PathBuf]) -> Result<(), HostsError> {
         }
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            for pid in read(&dir.join("cgroup.procs"))?.split_whitespace() {
+            // Another sweeper (a concurrent start) may remove it first.
+            if !dir.exists() {
+                break;
+            }
+            let procs = match read(&dir.join("cgroup.procs")) {
+                Ok(procs) => procs,
+                Err(_) if !dir.exists() => break,
+                Err(e) => return Err(e),
+            };
+            for pid in procs.split_whitespace() {
                 if let Ok(pid) = pid.parse::<i32>() {
                     // SAFETY: kill(2) has no memory preconditions.
                     unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -292,6 +301,7 @@ fn remove_dirs(dirs: &[PathBuf]) -> Result<(), HostsError> {
             }
             match std::fs::remove_dir(dir) {
                 Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
                 // Killed processes leave their cgroup a little after the signal.
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(20));
@@ -319,8 +329,13 @@ pub(crate) fn sweep(orphaned: impl Fn(&str) -> bool) -> Result<Vec<String>, Host
                 continue;
             }
             let instance = entry.path();
-            let mut dirs: Vec<PathBuf> = std::fs::read_dir(&instance)
-                .map_err(io_error(format!("listing {}", instance.display())))?
+            let listing = match std::fs::read_dir(&instance) {
+                Ok(listing) => listing,
+                // Swept by a concurrent start meanwhile.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_error(format!("listing {}", instance.display()))(e)),
+            };
+            let mut dirs: Vec<PathBuf> = listing
                 .flatten()
                 .filter(|e| e.path().is_dir())
                 .map(|e| e.path())
