@@ -15,3 +15,5 @@ cargo test --workspace --locked --no-fail-fast
 ./scripts/test-python.sh
 # The FUSE mount under POSIX suites, fsx and a shell workflow (needs root and /dev/fuse).
 TESSERA_BIN=$PWD/target/debug/tessera ./scripts/test-mount.sh
+# Tessera for the length of a SLURM job, on a single-node SLURM started here (needs root).
+TESSERA_BIN=$PWD/target/debug/tessera ./scripts/test-slurm.sh

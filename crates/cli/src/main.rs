@@ -4,6 +4,7 @@ mod bench;
 mod collect;
 mod config;
 mod copy;
+mod evaluate;
 mod files;
 mod fsck;
 mod latency;
@@ -117,6 +118,9 @@ enum Cmd {
     /// Run an I/O model against a directory and measure it, check the replay against the
     /// original trace, or export the model for IOR, fio or mdtest; see docs/MODEL.md.
     Replay(replay::ReplayArgs),
+    /// Rank cluster configurations for a workload: each built as emulated hosts, the workload
+    /// run and measured there, compared by time and cost (docs/EVALUATE.md; needs root).
+    Evaluate(evaluate::EvaluateArgs),
     /// Grow or shrink a running cluster (servers from the manager's provisioner; removed
     /// servers are drained first).
     Scale(scale::ScaleArgs),
@@ -297,7 +301,8 @@ impl ClusterArgs {
 
 #[derive(clap::Args, Debug)]
 struct ServerArgs {
-    /// Address to serve on (port 0 picks one).
+    /// Address to serve on (port 0 picks one; default: the address this machine reaches the
+    /// manager from). On 0.0.0.0 the server is announced under that address.
     #[arg(long)]
     listen: Option<String>,
     /// Memory this server offers (e.g. 4GiB).
@@ -382,19 +387,24 @@ async fn run_server(cli: &Cli, args: &ServerArgs, cfg: &config::FileConfig) -> R
         .clone()
         .or_else(|| cfg.manager.clone())
         .unwrap_or_else(|| DEFAULT_MANAGER.into());
-    let listen = args
-        .listen
-        .clone()
-        .or_else(|| cfg.server.listen.clone())
-        .unwrap_or_else(|| "127.0.0.1:0".into());
+    let manager = config::addr(&manager, "manager")?;
+    let listen = match args.listen.as_ref().or(cfg.server.listen.as_ref()) {
+        Some(listen) => config::addr(listen, "listen")?,
+        // The address the manager is reached from: loopback for a local one.
+        None => std::net::SocketAddr::new(
+            tessera_server::route_to(manager)
+                .with_context(|| format!("no route to the manager at {manager}"))?,
+            0,
+        ),
+    };
     let memory = args
         .memory
         .clone()
         .or_else(|| cfg.server.memory.clone())
         .context("how much memory should this server offer? --memory 4GiB")?;
     let mut opts = tessera_server::ServerOptions::new(
-        config::addr(&listen, "listen")?,
-        config::addr(&manager, "manager")?,
+        listen,
+        manager,
         Secret::new(&secret),
         config::size(&memory)?,
     );
@@ -504,6 +514,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Trace(a) => trace::run(a),
         Cmd::Profile(a) => profile::run(a),
         Cmd::Replay(a) => replay::run(a),
+        Cmd::Evaluate(a) => evaluate::run(a).await,
         Cmd::Scale(a) => {
             let (manager, secret) =
                 config::endpoint(cli.manager.as_deref(), cli.secret.as_deref(), &cfg)?;

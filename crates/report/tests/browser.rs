@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use tessera_report::{memory_report, model_report, MemorySample};
+use tessera_report::{evaluate_report, memory_report, model_report, MemorySample};
 
 /// The window: a laptop's width, tall enough to see the charts and the first tables.
 const WIDTH: u32 = 1400;
@@ -279,5 +279,27 @@ fn the_memory_page_renders_in_chromium() {
     assert!(
         colour > all / 200,
         "the chart shows no colour: {colour} of {all} pixels"
+    );
+}
+
+#[test]
+fn the_evaluation_page_renders_in_chromium() {
+    if chromium_missing() {
+        return;
+    }
+    let (_keep, dir) = workdir();
+    let verdict = common::verdict();
+    let html = evaluate_report(&verdict, "evaluation", "a test");
+    let (shot, check) = load(&dir, "evaluate", &html);
+    // Time, performance per dollar, cloud price, and the scaling model.
+    assert_clean(&check, 4);
+    let (ink, colour, all) = inked(&shot);
+    assert!(
+        ink > all / 50,
+        "the page looks blank: {ink} of {all} pixels inked"
+    );
+    assert!(
+        colour > all / 200,
+        "the charts show no colour: {colour} of {all} pixels"
     );
 }

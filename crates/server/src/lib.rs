@@ -57,7 +57,8 @@ const RETIRED_PURGE_WAIT: Duration = Duration::from_secs(10);
 pub struct ServerOptions {
     /// Address to listen on (port 0 picks a free port).
     pub listen: SocketAddr,
-    /// Address to register with the manager, if not the bound one (behind NAT, 0.0.0.0 binds).
+    /// Address to register with the manager, if not the bound one (behind NAT). Unset with an
+    /// unspecified `listen` (0.0.0.0): this machine's address towards the manager.
     pub advertise: Option<SocketAddr>,
     pub manager: SocketAddr,
     pub secret: Secret,
@@ -188,6 +189,18 @@ async fn register(
     }
 }
 
+/// The address of this machine that packets to `peer` leave from (none is sent).
+pub fn route_to(peer: SocketAddr) -> std::io::Result<std::net::IpAddr> {
+    let any: SocketAddr = if peer.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let socket = std::net::UdpSocket::bind(any)?;
+    socket.connect(peer)?;
+    Ok(socket.local_addr()?.ip())
+}
+
 /// Binds, registers with the manager, and starts serving and heart-beating.
 pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
     let listener = TcpListener::bind(opts.listen)
@@ -200,7 +213,19 @@ pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
         addr: opts.listen,
         source,
     })?;
-    let addr = opts.advertise.unwrap_or(bound);
+    let addr = match opts.advertise {
+        Some(addr) => addr,
+        // Bound to every address: the manager and the clients are told the one this machine
+        // reaches the manager from.
+        None if bound.ip().is_unspecified() => {
+            let ip = route_to(opts.manager).map_err(|e| ServerError::Unreachable {
+                addr: opts.manager,
+                reason: format!("no route from this machine: {e}"),
+            })?;
+            SocketAddr::new(ip, bound.port())
+        }
+        None => bound,
+    };
     // Registration happens before the stripe size is known: its pool is sized for small frames.
     let probe = RpcConfig::new(opts.secret.clone(), Arc::new(BufferPool::new(64 << 10, 4)));
     let (node, config) = register(&opts, &Conns::new(Arc::new(probe)), addr).await?;

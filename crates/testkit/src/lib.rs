@@ -1,6 +1,6 @@
-//! Test support for Tessera: real clusters of `tessera` processes on 127.0.0.x, clients in
-//! separate processes (`tessera-worker`), and deterministic data patterns checkable against an
-//! in-memory model.
+//! Test support for Tessera: real clusters of `tessera` processes on 127.0.0.x or on emulated
+//! hosts (`tessera-hosts`), clients in separate processes (`tessera-worker`), and
+//! deterministic data patterns checkable against an in-memory model.
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tessera_hosts::Hosts;
 use tessera_proto::{
     BufferPool, ErrorCode, NodeId, Op, Request, Response, RpcClient, RpcConfig, Secret, TableInfo,
 };
@@ -88,6 +89,10 @@ pub struct ClusterSpec {
     /// Open files the manager and the servers may have (`RLIMIT_NOFILE`, soft and hard):
     /// a common default, where the test process's may be far higher.
     pub max_open_files: Option<u64>,
+    /// Emulated hosts to run on: the manager on host 0, server `i` on host `1 + i % (n - 1)`
+    /// (all on host 0 if there is one), clients where the test says. `None`: this machine's
+    /// loopback, the manager on 127.0.0.1 and server `i` on 127.0.0.(i+2).
+    pub hosts: Option<tessera_hosts::Spec>,
 }
 
 impl Default for ClusterSpec {
@@ -101,17 +106,20 @@ impl Default for ClusterSpec {
             manager_args: Vec::new(),
             server_args: Vec::new(),
             max_open_files: None,
+            hosts: None,
         }
     }
 }
 
-/// A manager and storage servers, each a real `tessera` process; killed when dropped.
+/// A manager and storage servers, each a real `tessera` process; killed when dropped (and
+/// the emulated hosts they ran on removed).
 pub struct Cluster {
     pub manager: SocketAddr,
     pub secret: String,
     spec: ClusterSpec,
     manager_proc: Child,
     pub servers: Vec<Child>,
+    hosts: Option<Hosts>,
 }
 
 fn quiet(mut c: Command) -> Command {
@@ -159,11 +167,18 @@ pub fn held_memory(pid: u32) -> Result<u64> {
 impl Cluster {
     /// Starts a cluster and waits until a client can use it.
     pub fn start(spec: &ClusterSpec) -> Result<Self> {
-        let tessera = bin("tessera")?;
-        let port = free_port("127.0.0.1")?;
-        let manager: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+        let hosts = spec.hosts.as_ref().map(Hosts::start).transpose()?;
+        let manager: SocketAddr = match &hosts {
+            // A namespace of its own: every port is free.
+            Some(h) => (h.addr(0), 7070).into(),
+            None => (
+                "127.0.0.1".parse::<std::net::IpAddr>()?,
+                free_port("127.0.0.1")?,
+            )
+                .into(),
+        };
         let secret = format!("test-{:016x}", rand::random::<u64>());
-        let mut m = quiet(Command::new(&tessera));
+        let mut m = quiet(place(hosts.as_ref(), 0, &bin("tessera")?));
         m.args([
             "manager",
             "--listen",
@@ -189,6 +204,7 @@ impl Cluster {
             spec: spec.clone(),
             manager_proc,
             servers: Vec::new(),
+            hosts,
         };
         for i in 0..spec.servers {
             let s = cluster.spawn_server(i)?;
@@ -198,13 +214,39 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// Server `i` listens on 127.0.0.(i+2), on a port of its own choosing.
+    /// The emulated hosts the cluster runs on, if it does.
+    #[must_use]
+    pub fn hosts(&self) -> Option<&Hosts> {
+        self.hosts.as_ref()
+    }
+
+    /// The host server `i` runs on (see [`ClusterSpec::hosts`]).
+    #[must_use]
+    pub fn server_host(&self, i: usize) -> usize {
+        match self.hosts.as_ref().map(Hosts::len) {
+            Some(n) if n > 1 => 1 + i % (n - 1),
+            _ => 0,
+        }
+    }
+
+    /// A command that runs `program` on `host` (this machine without emulated hosts).
+    pub fn command(&self, host: usize, program: &std::path::Path) -> Command {
+        place(self.hosts.as_ref(), host, program)
+    }
+
+    /// Server `i` listens on 127.0.0.(i+2), or on its host's every address (announcing the
+    /// one it reaches the manager from), on a port of its own choosing.
     fn spawn_server(&self, i: usize) -> Result<Child> {
-        let mut s = quiet(Command::new(bin("tessera")?));
+        let host = self.server_host(i);
+        let listen = match &self.hosts {
+            Some(_) => "0.0.0.0:0".to_string(),
+            None => format!("127.0.0.{}:0", i + 2),
+        };
+        let mut s = quiet(self.command(host, &bin("tessera")?));
         s.args([
             "server",
             "--listen",
-            &format!("127.0.0.{}:0", i + 2),
+            &listen,
             "--manager",
             &self.manager.to_string(),
         ])
@@ -221,8 +263,8 @@ impl Cluster {
         s.spawn().context("starting a server")
     }
 
-    /// Starts one more server (index `servers.len()`, on the next loopback address); returns
-    /// its index.
+    /// Starts one more server (index `servers.len()`, on the next loopback address or host);
+    /// returns its index.
     pub fn add_server(&mut self) -> Result<usize> {
         let i = self.servers.len();
         let s = self.spawn_server(i)?;
@@ -233,7 +275,8 @@ impl Cluster {
     /// Runs `tessera ARGS` against this cluster and returns its standard output; a failure is
     /// an error carrying its standard error.
     pub fn tessera(&self, args: &[&str]) -> Result<String> {
-        let out = Command::new(bin("tessera")?)
+        let out = self
+            .command(0, &bin("tessera")?)
             .args(args)
             .env("TESSERA_MANAGER", self.manager.to_string())
             .env("TESSERA_SECRET", &self.secret)
@@ -294,14 +337,28 @@ impl Cluster {
         }
     }
 
-    /// A client in a separate process, connected to this cluster.
+    /// A client in a separate process, connected to this cluster (on host 0).
     pub fn worker(&self) -> Result<Worker> {
-        Worker::spawn(self.manager, &self.secret)
+        self.worker_on(0)
+    }
+
+    /// A client in a separate process on `host`, connected to this cluster.
+    pub fn worker_on(&self, host: usize) -> Result<Worker> {
+        Worker::start(
+            self.command(host, &bin("tessera-worker")?),
+            self.manager,
+            &self.secret,
+        )
     }
 
     /// Mounts the cluster on `dir` with `tessera mount ARGS` in its own process; waits until the
     /// mount is there. The mount is undone when the returned guard is dropped.
     pub fn mount(&self, dir: &std::path::Path, args: &[&str]) -> Result<Mount> {
+        self.mount_on(0, dir, args)
+    }
+
+    /// [`Cluster::mount`] by a process on `host` (the mount is seen from the whole machine).
+    pub fn mount_on(&self, host: usize, dir: &std::path::Path, args: &[&str]) -> Result<Mount> {
         use std::os::unix::fs::MetadataExt;
         anyhow::ensure!(
             std::path::Path::new("/dev/fuse").exists(),
@@ -309,7 +366,7 @@ impl Cluster {
         );
         std::fs::create_dir_all(dir)?;
         let before = std::fs::metadata(dir)?.dev();
-        let mut cmd = quiet(Command::new(bin("tessera")?));
+        let mut cmd = quiet(self.command(host, &bin("tessera")?));
         cmd.args(["mount", &dir.to_string_lossy()])
             .args(args)
             .env("TESSERA_MANAGER", self.manager.to_string())
@@ -337,6 +394,11 @@ impl Cluster {
     /// The cluster as its manager reports it (nodes with their addresses, the table's state).
     pub async fn status(&self) -> Result<tessera_proto::ClusterStatus> {
         use tessera_proto::{BufferPool, Request, Response, RpcClient, RpcConfig, Secret};
+        // This process is not on the hosts' network: ask a worker there.
+        anyhow::ensure!(
+            self.hosts.is_none(),
+            "Cluster::status from outside the emulated hosts"
+        );
         let cfg = RpcConfig::new(
             Secret::new(&self.secret),
             Arc::new(BufferPool::new(1 << 20, 4)),
@@ -452,6 +514,14 @@ impl Drop for Mount {
     }
 }
 
+/// `program` run on `host` of `hosts`, or here.
+fn place(hosts: Option<&Hosts>, host: usize, program: &std::path::Path) -> Command {
+    match hosts {
+        Some(h) => h.command(host, program),
+        None => Command::new(program),
+    }
+}
+
 /// A `tessera-worker` process: send it JSON commands, get JSON replies.
 pub struct Worker {
     child: Child,
@@ -461,7 +531,11 @@ pub struct Worker {
 
 impl Worker {
     pub fn spawn(manager: SocketAddr, secret: &str) -> Result<Self> {
-        let mut cmd = Command::new(bin("tessera-worker")?);
+        Self::start(Command::new(bin("tessera-worker")?), manager, secret)
+    }
+
+    /// Starts `cmd`, which runs `tessera-worker`, as a client of `manager`.
+    fn start(mut cmd: Command, manager: SocketAddr, secret: &str) -> Result<Self> {
         cmd.env("TESSERA_MANAGER", manager.to_string())
             .env("TESSERA_SECRET", secret)
             .stdin(Stdio::piped())

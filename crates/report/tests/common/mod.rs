@@ -386,3 +386,40 @@ pub fn dangling_links(html: &str) -> Vec<String> {
         .filter(|id| !html.contains(&format!("id=\"{id}\"")))
         .collect()
 }
+
+/// An evaluation of five configurations (1 and 10 Gbit/s links, 2 to 8 hosts), three runs
+/// each, times shaped like a shuffle, with one configuration to predict.
+pub fn verdict() -> tessera_evaluate::Verdict {
+    let mut text = String::from(
+        "baseline = \"h4-10g\"\n[prices.node]\npurchase = 3000\nhourly = 0.2\n\
+         [[predict]]\nhosts = 16\nbandwidth = \"10Gbit\"\n",
+    );
+    let shapes = [(2, 1), (4, 1), (8, 1), (4, 10), (8, 10)];
+    for (hosts, gbit) in shapes {
+        text.push_str(&format!(
+            "[[config]]\nname = \"h{hosts}-{gbit}g\"\nhosts = {hosts}\nhost = \"node\"\n\
+             memory = \"1GiB\"\nbandwidth = \"{gbit}Gbit\"\n"
+        ));
+    }
+    let plan = tessera_evaluate::Plan::parse(&text).expect("a good plan");
+    let runs: Vec<Vec<tessera_evaluate::Run>> = shapes
+        .iter()
+        .map(|&(hosts, gbit)| {
+            let t = 1.0 + 12.0 / f64::from(hosts) + 16.0 / f64::from(hosts * gbit);
+            (0..3)
+                .map(|i| tessera_evaluate::Run {
+                    seconds: t * (1.0 + 0.03 * f64::from(i)),
+                    bytes: 2 << 30,
+                    ops: 5000,
+                    memory_peak: 600 << 20,
+                    cpu_seconds: t * 0.4 * f64::from(hosts),
+                    iowait_seconds: 0.1,
+                    link_bytes: (2u64 << 30) * 3,
+                    busiest_cpu_seconds: t * 0.4,
+                    busiest_link_bytes: 2 << 30,
+                })
+                .collect()
+        })
+        .collect();
+    tessera_evaluate::rank(&plan, &runs)
+}
