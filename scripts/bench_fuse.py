@@ -4,10 +4,13 @@ reading and re-reading the same size, reading back through a read-write handle, 
 metadata test (creates, stats, listings, probes of absent names, unlinks, saves: a small file
 written and renamed over its target, and small outputs: 100 bytes written to a new file, then
 removed; per second from 1 and 4 processes) on each directory given, printed as a table with
-ratios to the first ones; with the fio phase, loopback TCP's bandwidth (1 and 4 streams) in
-every round, and the last directory's ratios to it.
+the last directory's ratios to the others; with the fio phase, loopback TCP's bandwidth (1 and
+4 streams) in every round, and the last directory's ratios to it. A directory whose file system
+fails a measure (an error, or no answer in STEP_TIMEOUT) is measured no further and shows as
+failed, with the reason; so does one given as --failed NAME=REASON (a file system that did not
+start).
 
-Usage: python3 scripts/bench_fuse.py SIZE NAME=DIR [NAME=DIR ...]
+Usage: python3 scripts/bench_fuse.py SIZE (NAME=DIR | --failed NAME=REASON) ...
 Environment: PHASES (default "io,meta"): "meta" alone skips fio; ROUNDS (default 3): each
 measure is the median of this many rounds, a round going through every directory in turn.
 """
@@ -21,11 +24,14 @@ import sys
 import time
 import socket
 import statistics
+import multiprocessing as mp
 from multiprocessing import Pool, Process, Queue
 
 META_FILES = 20000
 # One save per this many files of the metadata test.
 SAVES_PER = 4
+# Seconds one step (a fio job, a dd, a metadata test) may take before its target counts as failed.
+STEP_TIMEOUT = 1800
 
 
 def fio(directory: str, rw: str, bs: str, size: str, extra: list[str]) -> dict[str, float]:
@@ -33,7 +39,9 @@ def fio(directory: str, rw: str, bs: str, size: str, extra: list[str]) -> dict[s
         "fio", f"--name={rw}", f"--directory={directory}", "--filename=fio.dat", f"--rw={rw}",
         f"--bs={bs}", f"--size={size}", "--ioengine=psync", "--output-format=json", *extra,
     ]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        cmd, check=True, capture_output=True, text=True, timeout=STEP_TIMEOUT
+    ).stdout
     job = json.loads(out[out.index("{"):])["jobs"][0]
     side = job["write"] if rw == "write" else job["read"]
     return {"GB/s": side["bw_bytes"] / 1e9, "IOPS": side["iops"]}
@@ -53,7 +61,10 @@ def dd(directory: str, size: str) -> dict[str, float]:
     out = {}
     for name, args in steps.items():
         t = time.perf_counter()
-        subprocess.run(["dd", "bs=1M", f"count={mib}", *args], check=True, capture_output=True)
+        subprocess.run(
+            ["dd", "bs=1M", f"count={mib}", *args],
+            check=True, capture_output=True, text=True, timeout=STEP_TIMEOUT,
+        )
         out[name] = mib * (1 << 20) / (time.perf_counter() - t) / 1e9
     os.unlink(path)
     return out
@@ -146,7 +157,9 @@ def _meta_worker(args: tuple[str, int, int]) -> tuple[float, ...]:
 def meta(directory: str, procs: int) -> dict[str, float]:
     n = META_FILES // procs
     with Pool(procs) as pool:
-        times = pool.map(_meta_worker, [(directory, w, n) for w in range(procs)])
+        times = pool.map_async(_meta_worker, [(directory, w, n) for w in range(procs)]).get(
+            STEP_TIMEOUT
+        )
     # Every phase ends when its slowest process does: files per second of the whole phase.
     total = n * procs
     return {
@@ -259,12 +272,40 @@ def run_once(directory: str, size: str, phases: list[str]) -> dict[str, float]:
     return r
 
 
+def failure(e: Exception) -> str:
+    """A failed step as one line: the command and the last line it printed, or the error."""
+    if isinstance(e, subprocess.CalledProcessError):
+        lines = (e.stderr or e.stdout or "").strip().splitlines()
+        return f"{e.cmd[0]} exited with {e.returncode}: {lines[-1] if lines else 'no output'}"
+    if isinstance(e, subprocess.TimeoutExpired):
+        return f"{e.cmd[0]} did not finish in {e.timeout:.0f} s"
+    if isinstance(e, mp.TimeoutError):
+        return f"the metadata test did not finish in {STEP_TIMEOUT} s"
+    return f"{type(e).__name__}: {e}"
+
+
+def parse_targets(args: list[str]) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """(name, directory) in order, and the reasons of those given as --failed."""
+    targets: list[tuple[str, str]] = []
+    failed: dict[str, str] = {}
+    it = iter(args)
+    for a in it:
+        if a == "--failed":
+            name, reason = next(it).split("=", 1)
+            failed[name] = f"did not start: {reason}"
+            targets.append((name, ""))
+        else:
+            name, directory = a.split("=", 1)
+            targets.append((name, directory))
+    return targets, failed
+
+
 def main() -> None:
     print(f"TCP round trip between two processes: {tcp_round_trip_us():.1f} us", flush=True)
     size = sys.argv[1]
     phases = os.environ.get("PHASES", "io,meta").split(",")
     rounds = int(os.environ.get("ROUNDS", "3"))
-    targets = [a.split("=", 1) for a in sys.argv[2:]]
+    targets, failed = parse_targets(sys.argv[2:])
     # Rounds go through every target in turn, so a swing of this VM's speed (its memory and
     # wake-ups vary by minutes) lands on all of them rather than on one.
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in targets}
@@ -277,33 +318,82 @@ def main() -> None:
             print(f"round {i + 1} loopback TCP GB/s: " + ", ".join(
                 f"{k} {v:.2f}" for k, v in tcp_runs[-1].items()), flush=True)
         for name, d in targets:
-            r = run_once(d, size, phases)
+            if name in failed:
+                continue
+            try:
+                r = run_once(d, size, phases)
+            # Whatever a file system under test does wrong fails that one target, not the run.
+            except Exception as e:  # noqa: BLE001
+                failed[name] = f"round {i + 1}: {failure(e)}"
+                print(f"round {i + 1} {name}: failed: {failure(e)}", flush=True)
+                continue
             runs[name].append(r)
             print(f"round {i + 1} {name}: " + ", ".join(f"{k} {v:,.2f}" for k, v in r.items()), flush=True)
     results = {
-        name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()
+        name: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        for name, rs in runs.items()
+        if name not in failed
     }
     names = [n for n, _ in targets]
     last = names[-1]
     print()
-    print(f"Medians of {rounds} rounds (lowest-highest of {last} in brackets):")
-    print("| measure | " + " | ".join(names) + " | " + " | ".join(f"{last}/{n}" for n in names[:-1]) + " |")
-    print("|---" * (2 * len(names)) + "|")
-    for k in results[last]:
-        vals = " | ".join(f"{results[n][k]:,.2f}" for n in names)
-        spread = [r[k] for r in runs[last]]
-        ratios = " | ".join(f"{results[last][k] / results[n][k]:.0%}" for n in names[:-1])
-        print(f"| {k} | {vals} ({min(spread):,.2f}-{max(spread):,.2f}) | {ratios} |")
+    print_table(names, results, runs, failed, rounds)
     tcp = {k: statistics.median(r[k] for r in tcp_runs) for k in tcp_runs[0]} if tcp_runs else {}
     if tcp:
         gbps = ", ".join(f"{k} {v:.2f}" for k, v in tcp.items())
         print(f"loopback TCP, 1 MiB writes (GB/s): {gbps}")
         moved = ("write GB/s", "read GB/s", "read, aligned buffer GB/s")
-        print(f"{last} / loopback TCP, 4 streams: " + ", ".join(
-            f"{k} {results[last][k] / tcp['4 streams']:.0%}" for k in moved
-        ))
+        if last in results:
+            print(f"{last} / loopback TCP, 4 streams: " + ", ".join(
+                f"{k} {results[last][k] / tcp['4 streams']:.0%}" for k in moved
+            ))
     with open(os.environ.get("OUT", "/tmp/bench-fuse.json"), "w") as f:
-        json.dump({"medians": results, "runs": runs, "loopback TCP GB/s": tcp}, f, indent=1)
+        json.dump(
+            {"medians": results, "runs": runs, "failed": failed, "loopback TCP GB/s": tcp},
+            f,
+            indent=1,
+        )
+
+
+def print_table(
+    names: list[str],
+    results: dict[str, dict[str, float]],
+    runs: dict[str, list[dict[str, float]]],
+    failed: dict[str, str],
+    rounds: int,
+) -> None:
+    """Medians per target, the last target's range in brackets, and its ratios to the others;
+    a failed target's column says so (the reason in a first row)."""
+    last = names[-1]
+    measured = [n for n in names if n in results]
+    if not measured:
+        print("Every target failed: " + "; ".join(f"{n}: {r}" for n, r in failed.items()))
+        return
+
+    def ratio(k: str, n: str) -> str:
+        if last not in results or n not in results or results[n][k] == 0:
+            return "-"
+        return f"{results[last][k] / results[n][k]:.0%}"
+
+    def cell(k: str, n: str) -> str:
+        if n not in results:
+            return "failed"
+        v = f"{results[n][k]:,.2f}"
+        if n == last:
+            spread = [r[k] for r in runs[last]]
+            v += f" ({min(spread):,.2f}-{max(spread):,.2f})"
+        return v
+
+    print(f"Medians of {rounds} rounds (lowest-highest of {last} in brackets):")
+    print("| measure | " + " | ".join(names) + " | " + " | ".join(f"{last}/{n}" for n in names[:-1]) + " |")
+    print("|---" * (2 * len(names)) + "|")
+    if failed:
+        status = " | ".join(f"failed: {failed[n]}" if n in failed else "ok" for n in names)
+        print(f"| status | {status} |" + " |" * (len(names) - 1))
+    for k in results[measured[0]]:
+        vals = " | ".join(cell(k, n) for n in names)
+        ratios = " | ".join(ratio(k, n) for n in names[:-1])
+        print(f"| {k} | {vals} | {ratios} |")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,28 @@
 # Sourced by the scripts that start local clusters and mounts: a scratch directory ($work) and
-# a cleanup on exit that stops what was started (add pids to `pids`), unmounts what was
-# mounted (add directories to `mounts`) and removes the directory.
+# a cleanup on exit that first runs the commands given to `on_exit` (the last given first),
+# then stops what was started (add pids to `pids`), unmounts what was mounted (add directories
+# to `mounts`) and removes the directory.
 # Usage: . scripts/lib/scratch.sh NAME
 work=$(mktemp -d "/tmp/$1.XXXXXX")
 chmod 755 "$work"
 export TESSERA_HOME=$work/home
 pids=()
 mounts=()
+exit_hooks=()
+# Usage: on_exit COMMAND [ARG...]
+on_exit() { exit_hooks+=("$(printf '%q ' "$@")"); }
+# Runs the commands given to on_exit since the first N of them, the last given first, and drops them.
+unwind_exit_hooks() {
+  local i
+  for ((i = ${#exit_hooks[@]} - 1; i >= $1; i--)); do
+    eval "${exit_hooks[i]}" || true
+    unset 'exit_hooks[i]'
+  done
+}
 cleanup() {
+  # A second Ctrl-C must not leave daemons, mounts or state behind half-removed.
+  trap '' INT TERM
+  unwind_exit_hooks 0
   for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "${mounts[i]}" 2>/dev/null || true; done
@@ -69,3 +84,15 @@ abort_mounts() {
 }
 
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# Stops a process: SIGTERM, then SIGKILL past SECONDS (20 by default); reaps it if it is a child.
+stop_pid() {
+  kill -TERM "$1" 2>/dev/null || return 0
+  local i
+  for ((i = 0; i < ${2:-20} * 10; i++)); do
+    case $(ps -o stat= -p "$1" 2>/dev/null) in '' | Z*) break ;; esac
+    sleep 0.1
+  done
+  kill -KILL "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
