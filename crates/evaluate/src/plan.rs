@@ -10,6 +10,8 @@ use std::time::Duration;
 /// Bounds that keep a candidate buildable on one machine; past them the file is refused.
 pub const HOSTS_MAX: u32 = 64;
 pub const RUNS_MAX: u32 = 100;
+pub const MEMORY_MAX: u64 = 1 << 40;
+pub const LATENCY_MAX: Duration = Duration::from_secs(10);
 
 /// One row of the price table: a kind of host.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -217,8 +219,11 @@ fn check(c: RawConfig, prices: &BTreeMap<String, Price>) -> Result<Candidate, Er
         .map_err(|e| bad(format!("memory {:?}: {e}", c.memory)))?;
     let stripe = parse_size::parse_size(&c.stripe)
         .map_err(|e| bad(format!("stripe {:?}: {e}", c.stripe)))?;
-    if memory == 0 {
-        return Err(bad("memory must not be zero".into()));
+    if memory == 0 || memory > MEMORY_MAX {
+        return Err(bad(format!(
+            "memory {:?}: between 1 byte and 1TiB",
+            c.memory
+        )));
     }
     if stripe == 0 || stripe % (1 << 20) != 0 || stripe > 64 << 20 {
         return Err(bad(format!(
@@ -240,6 +245,12 @@ fn check(c: RawConfig, prices: &BTreeMap<String, Price>) -> Result<Candidate, Er
     }
     let bandwidth_bps = bandwidth(&c.bandwidth).map_err(bad)?;
     let latency = quantity(&c.latency, LATENCY).map_err(bad)?;
+    if latency > LATENCY_MAX.as_secs_f64() {
+        return Err(bad(format!(
+            "latency {:?}: at most {LATENCY_MAX:?}",
+            c.latency
+        )));
+    }
     Ok(Candidate {
         name: c.name,
         hosts: c.hosts,
@@ -370,6 +381,11 @@ bandwidth = "100Gbit"
                 "unit is one of",
             ),
             (GOOD.replace("\"0.5ms\"", "\"fast\""), "has no number"),
+            (
+                GOOD.replace("\"0.5ms\"", &format!("\"{}s\"", "9".repeat(300))),
+                "at most 10s",
+            ),
+            (GOOD.replace("\"4GiB\"", "\"16EiB\""), "memory"),
             (
                 GOOD.replace("replication = 2", "replication = 3"),
                 "replication = 3",
