@@ -33,6 +33,24 @@ pub fn tick(v: &f64) -> String {
 pub const GRID: RGBColor = RGBColor(0xe4, 0xe4, 0xe4);
 pub const AXIS: RGBColor = RGBColor(0x44, 0x44, 0x44);
 
+/// Every chart's axes and grid: light lines off, bold ones in `GRID`, labels of `px` pixels
+/// and axis descriptions one larger.
+pub fn house_mesh<'m, 'a, 'b, X, Y, DB>(
+    mesh: &'m mut plotters::chart::MeshStyle<'a, 'b, X, Y, DB>,
+    px: u32,
+) -> &'m mut plotters::chart::MeshStyle<'a, 'b, X, Y, DB>
+where
+    X: plotters::coord::ranged1d::Ranged,
+    Y: plotters::coord::ranged1d::Ranged,
+    DB: DrawingBackend,
+{
+    mesh.light_line_style(WHITE)
+        .bold_line_style(GRID)
+        .axis_style(AXIS)
+        .label_style(font(px))
+        .axis_desc_style(font(px + 1))
+}
+
 /// A `width` × `height` chart that `draw` makes, as an inline `<svg>`; if plotters refuses it,
 /// a note saying why, so one bad chart does not cost the page.
 pub fn svg(width: u32, height: u32, draw: impl FnOnce(&Area<'_>) -> Drawn) -> String {

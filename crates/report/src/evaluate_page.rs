@@ -2,7 +2,7 @@
 //! and the price of a run in a cloud, the scaling model against the measured points, the
 //! table of everything measured, and the recommendation in words.
 
-use crate::chart::{self, font, legend, tick, Area, Drawn, Mark, AXIS, GRID};
+use crate::chart::{self, house_mesh, legend, tick, Area, Drawn, Mark, AXIS, GRID};
 use crate::page::{self, bytes, escape, per_second};
 use plotters::prelude::*;
 use std::fmt::Write as _;
@@ -82,14 +82,7 @@ fn bars(
             .x_label_area_size(40)
             .y_label_area_size(150)
             .build_cartesian_2d(0f64..x_max, (0..n).into_segmented())?;
-        chart
-            .configure_mesh()
-            .disable_y_mesh()
-            .light_line_style(WHITE)
-            .bold_line_style(GRID)
-            .axis_style(AXIS)
-            .label_style(font(13))
-            .axis_desc_style(font(14))
+        house_mesh(chart.configure_mesh().disable_y_mesh(), 13)
             .x_label_formatter(&tick)
             .y_label_formatter(&|s| match s {
                 SegmentValue::CenterOf(i) => {
@@ -253,13 +246,7 @@ fn scaling_chart(root: &Area<'_>, x: &Extrapolation) -> Drawn {
         .x_label_area_size(44)
         .y_label_area_size(64)
         .build_cartesian_2d(1f64..f64::from(m_max) * 1.05, 0f64..t_max)?;
-    chart
-        .configure_mesh()
-        .light_line_style(WHITE)
-        .bold_line_style(GRID)
-        .axis_style(AXIS)
-        .label_style(font(13))
-        .axis_desc_style(font(14))
+    house_mesh(&mut chart.configure_mesh(), 13)
         .x_label_formatter(&tick)
         .y_label_formatter(&tick)
         .x_desc("hosts")

@@ -1,7 +1,7 @@
 //! The model page's charts: offset over time (PIOM's Figure 3), bytes per process over time,
 //! and request-size histograms. Each returns HTML: the chart and a note on what it leaves out.
 
-use crate::chart::{self, font, legend, tick, Area, Drawn, Mark, TimeAxis, AXIS, GRID};
+use crate::chart::{self, font, house_mesh, legend, tick, Area, Drawn, Mark, TimeAxis, AXIS};
 use crate::page::{byte_unit, bytes, count, duration, escape};
 use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
@@ -225,13 +225,7 @@ fn file_panel(
             time.at(first)..time.at(last),
             0f64..(top as f64 / unit_size),
         )?;
-    chart
-        .configure_mesh()
-        .light_line_style(WHITE)
-        .bold_line_style(GRID)
-        .axis_style(AXIS)
-        .label_style(font(12))
-        .axis_desc_style(font(13))
+    house_mesh(&mut chart.configure_mesh(), 12)
         .y_labels(5)
         .x_label_formatter(&tick)
         .y_label_formatter(&tick)
@@ -478,14 +472,7 @@ pub fn size_histograms(model: &Model) -> String {
                     (lo..hi + 1).into_segmented(),
                     0u64..top.saturating_add(top / 10 + 1),
                 )?;
-            chart
-                .configure_mesh()
-                .disable_x_mesh()
-                .light_line_style(WHITE)
-                .bold_line_style(GRID)
-                .axis_style(AXIS)
-                .label_style(font(12))
-                .axis_desc_style(font(13))
+            house_mesh(chart.configure_mesh().disable_x_mesh(), 12)
                 .x_labels(n as usize + 1)
                 .x_label_formatter(&|v| match v {
                     SegmentValue::CenterOf(b) if b.saturating_sub(lo).is_multiple_of(every) => {

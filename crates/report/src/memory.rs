@@ -1,7 +1,7 @@
 //! `tessera report`'s page: memory allocated and used over time with the server count, drawn
 //! like MemFS's Figure 6, and a table of totals the caller computes.
 
-use crate::chart::{self, font, legend, tick, Area, Drawn, Mark, AXIS, GRID};
+use crate::chart::{self, font, house_mesh, legend, tick, Area, Drawn, Mark};
 use crate::page::{self, byte_unit};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -87,14 +87,7 @@ fn draw(root: &Area<'_>, samples: &[MemorySample]) -> Drawn {
         .right_y_label_area_size(56)
         .build_cartesian_2d(0f64..x_max, 0f64..y_max)?
         .set_secondary_coord(0f64..x_max, 0f64..n_max);
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .light_line_style(WHITE)
-        .bold_line_style(GRID)
-        .axis_style(AXIS)
-        .label_style(font(13))
-        .axis_desc_style(font(14))
+    house_mesh(chart.configure_mesh().disable_x_mesh(), 13)
         .x_label_formatter(&tick)
         .y_label_formatter(&tick)
         .x_desc(format!("time ({t_unit})"))
