@@ -352,7 +352,12 @@ bandwidth = "10Gbit"
 "#
         );
         let p = Plan::parse(&text).unwrap();
-        let runs = vec![vec![run(10.0)], vec![run(15.0)], vec![run(9.0)], vec![run(12.0)]];
+        let runs = vec![
+            vec![run(10.0)],
+            vec![run(15.0)],
+            vec![run(9.0)],
+            vec![run(12.0)],
+        ];
         let cores = |machine: f64| -> Vec<f64> {
             let v = rank(&p, &runs, machine);
             v.scaling.checks.iter().map(|c| c.point.cores).collect()
