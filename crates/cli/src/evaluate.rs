@@ -1,9 +1,11 @@
 //! `tessera evaluate CONFIGS.toml`: each candidate cluster built as emulated hosts (a server
-//! on every host; the manager, the mount and the workload on host 0), the workload run there
-//! several times and measured, then ranked by time and by cost (docs/EVALUATE.md).
+//! on every host; the manager on host 0; the mount and the workload on host 0, or with
+//! `--every-host` on every host at once), the workload run there several times and measured,
+//! then ranked by time and by cost (docs/EVALUATE.md).
 
 use anyhow::{bail, Context, Result};
-use std::path::{Path, PathBuf};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -19,6 +21,15 @@ pub struct EvaluateArgs {
     /// A shell command run in a fresh directory on the mount (`$TESSERA_DIR`), as the workload.
     #[arg(long, conflicts_with = "model", required_unless_present = "model")]
     workload: Option<String>,
+    /// Run the workload on every host at once, each through its own mount, in the same
+    /// directory (`$TESSERA_HOST` of `$TESSERA_HOSTS` tells each which it is); a run lasts until
+    /// the last host ends.
+    #[arg(long)]
+    every_host: bool,
+    /// Silence after which a candidate's manager declares a server dead: long, as hosts share
+    /// this machine's cores and one starved of them may not heartbeat for seconds.
+    #[arg(long, value_parser = crate::parse_duration, default_value = "30s")]
+    dead_after: Duration,
     /// An I/O model (`tessera profile`) replayed on the mount, as the workload.
     #[arg(long)]
     model: Option<PathBuf>,
@@ -30,7 +41,7 @@ pub struct EvaluateArgs {
     json: Option<PathBuf>,
 }
 
-/// Memory a host has beyond its server's: the processes themselves and, on host 0, the mount
+/// Memory a host has beyond its server's: the processes themselves and, where they run, the mount
 /// and the workload.
 const HOST_OVERHEAD: u64 = 768 << 20;
 const MANAGER_PORT: u16 = 7070;
@@ -67,6 +78,12 @@ impl Stop {
 }
 
 fn evaluate(args: &EvaluateArgs, stop: &Stop) -> Result<()> {
+    if args.every_host && args.workload.is_none() {
+        bail!(
+            "--every-host runs a shell command on every host: give it with --workload CMD (a \
+             model replays on host 0 only)"
+        );
+    }
     let text = std::fs::read_to_string(&args.configs)
         .with_context(|| format!("reading {}", args.configs.display()))?;
     let plan = Plan::parse(&text)?;
@@ -88,7 +105,7 @@ fn evaluate(args: &EvaluateArgs, stop: &Stop) -> Result<()> {
             c.bandwidth_bps,
             c.latency
         );
-        let cluster = Emulated::start(c, stop)?;
+        let cluster = Emulated::start(c, args, stop)?;
         let mut measured = Vec::with_capacity(plan.runs as usize);
         for k in 0..plan.runs {
             let r = cluster
@@ -102,7 +119,8 @@ fn evaluate(args: &EvaluateArgs, stop: &Stop) -> Result<()> {
         drop(cluster);
         runs.push(measured);
     }
-    let verdict = rank(&plan, &runs);
+    let machine_cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let verdict = rank(&plan, &runs, machine_cores);
     print(&verdict);
     let html = tessera_report::evaluate_report(
         &verdict,
@@ -167,17 +185,19 @@ fn print(v: &Verdict) {
     }
 }
 
-/// A candidate cluster on emulated hosts, mounted on host 0.
+/// A candidate cluster on emulated hosts, mounted on host 0 or on every host.
 struct Emulated {
     hosts: Hosts,
     manager: String,
     secret: String,
     procs: Vec<Child>,
-    mount: PathBuf,
+    /// Holds the mount points, `h0` to `hN` (host i's mount).
+    base: PathBuf,
+    mounts: Vec<PathBuf>,
 }
 
 impl Emulated {
-    fn start(c: &Candidate, stop: &Stop) -> Result<Self> {
+    fn start(c: &Candidate, args: &EvaluateArgs, stop: &Stop) -> Result<Self> {
         let hosts = Hosts::start(&Spec {
             hosts: c.hosts as usize,
             limits: Limits {
@@ -192,18 +212,22 @@ impl Emulated {
         })
         .context("making the emulated hosts (root is needed)")?;
         let manager = format!("{}:{MANAGER_PORT}", hosts.addr(0));
+        let base = std::env::temp_dir().join(format!(
+            "tessera-evaluate-{}-{}",
+            std::process::id(),
+            c.name
+        ));
+        let clients = if args.every_host { c.hosts as usize } else { 1 };
         let mut e = Self {
             manager,
             secret: format!("evaluate-{:016x}", rand::random::<u64>()),
             procs: Vec::new(),
-            mount: std::env::temp_dir().join(format!(
-                "tessera-evaluate-{}-{}",
-                std::process::id(),
-                c.name
-            )),
+            mounts: (0..clients).map(|i| base.join(format!("h{i}"))).collect(),
+            base,
             hosts,
         };
         let manager = e.manager.clone();
+        let dead_after = format!("{}ms", args.dead_after.as_millis());
         let (stripe, memory) = (c.stripe.to_string(), c.memory.to_string());
         let (expect, replication) = (c.hosts.to_string(), c.replication.to_string());
         e.spawn(
@@ -218,6 +242,8 @@ impl Emulated {
                 &stripe,
                 "--replication",
                 &replication,
+                "--dead-after",
+                &dead_after,
             ],
         )?;
         for i in 0..c.hosts as usize {
@@ -235,10 +261,14 @@ impl Emulated {
             )?;
         }
         e.wait_ready(c.hosts, stop)?;
-        std::fs::create_dir_all(&e.mount)?;
-        let mount = e.mount.to_string_lossy().into_owned();
-        e.spawn(0, &["mount", &mount])?;
-        e.wait_mounted(stop)?;
+        for i in 0..e.mounts.len() {
+            std::fs::create_dir_all(&e.mounts[i])?;
+            let mount = e.mounts[i].to_string_lossy().into_owned();
+            e.spawn(i, &["mount", &mount])?;
+        }
+        for i in 0..e.mounts.len() {
+            e.wait_mounted(i, stop)?;
+        }
         Ok(e)
     }
 
@@ -262,15 +292,20 @@ impl Emulated {
 
     /// The log of every process of the cluster, kept after a failure.
     fn log(&self) -> PathBuf {
-        self.mount.with_extension("log")
+        self.base.with_extension("log")
     }
 
-    fn tessera(&self, i: usize) -> Result<Command> {
-        let mut c = self.hosts.command(i, std::env::current_exe()?);
+    /// `program` on host `i`, told where the cluster is.
+    fn on_host(&self, i: usize, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = self.hosts.command(i, program);
         c.env("TESSERA_MANAGER", &self.manager)
             .env("TESSERA_SECRET", &self.secret)
             .stdin(Stdio::null());
-        Ok(c)
+        c
+    }
+
+    fn tessera(&self, i: usize) -> Result<Command> {
+        Ok(self.on_host(i, std::env::current_exe()?))
     }
 
     fn status(&self) -> Result<ClusterStatus> {
@@ -305,16 +340,19 @@ impl Emulated {
         }
     }
 
-    fn wait_mounted(&mut self, stop: &Stop) -> Result<()> {
+    fn wait_mounted(&self, i: usize, stop: &Stop) -> Result<()> {
         use std::os::unix::fs::MetadataExt;
-        let parent = std::fs::metadata(self.mount.parent().unwrap_or(Path::new("/")))?.dev();
+        let mount = &self.mounts[i];
+        let parent = std::fs::metadata(&self.base)?.dev();
         let deadline = Instant::now() + READY_WITHIN;
-        while std::fs::metadata(&self.mount)?.dev() == parent {
+        while std::fs::metadata(mount)?.dev() == parent {
             stop.check()?;
             if Instant::now() > deadline {
                 bail!(
-                    "{} was not mounted within {READY_WITHIN:?}",
-                    self.mount.display()
+                    "{} (host {i}) was not mounted within {READY_WITHIN:?} (the cluster's \
+                     log: {})",
+                    mount.display(),
+                    self.log().display()
                 );
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -337,53 +375,76 @@ impl Emulated {
         }
     }
 
-    /// Runs the workload once in a fresh directory and measures it; the directory is removed
-    /// after.
+    /// Runs the workload once in a fresh directory (on every mount at once, or on host 0's)
+    /// and measures it; the directory is removed after.
     fn measure(&self, w: &Workload, k: u32, stop: &Stop) -> Result<Run> {
-        let dir = self.mount.join(format!("run-{k}"));
-        std::fs::create_dir_all(&dir)?;
-        let mut cmd = match w {
+        let run = format!("run-{k}");
+        std::fs::create_dir_all(self.mounts[0].join(&run))?;
+        let mut cmds = Vec::with_capacity(self.mounts.len());
+        match w {
             Workload::Command(c) => {
-                let mut cmd = self.hosts.command(0, "sh");
-                cmd.args(["-c", c])
-                    .current_dir(&dir)
-                    .env("TESSERA_DIR", &dir);
-                cmd
+                for (i, mount) in self.mounts.iter().enumerate() {
+                    let dir = mount.join(&run);
+                    let mut cmd = self.on_host(i, "sh");
+                    cmd.args(["-c", c])
+                        .current_dir(&dir)
+                        .env("TESSERA_DIR", &dir)
+                        .env("TESSERA_MOUNT", mount)
+                        .env("TESSERA_HOST", i.to_string())
+                        .env("TESSERA_HOSTS", self.mounts.len().to_string());
+                    cmds.push(cmd);
+                }
             }
             Workload::Model(m) => {
                 let mut cmd = self.tessera(0)?;
                 cmd.arg("replay")
                     .arg(m)
                     .arg("--dir")
-                    .arg(&dir)
+                    .arg(self.mounts[0].join(&run))
                     .stdout(Stdio::null());
-                cmd
+                cmds.push(cmd);
             }
-        };
+        }
         let before = Counters::take(self)?;
         let t = Instant::now();
-        let mut child = cmd.spawn().context("starting the workload")?;
+        let mut running = Workers::default();
+        for (i, cmd) in cmds.iter_mut().enumerate() {
+            // Its own process group: stopping it stops what it started too.
+            cmd.process_group(0);
+            let child = cmd
+                .spawn()
+                .with_context(|| format!("starting the workload on host {i}"))?;
+            running.0.push((i, child));
+        }
+        let mut host_seconds = vec![0.0; cmds.len()];
         let mut peak = 0;
-        let status = loop {
-            if let Some(s) = child.try_wait()? {
-                break s;
-            }
-            if let Err(e) = stop.check() {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(e);
+        while !running.0.is_empty() {
+            stop.check()?;
+            let mut j = 0;
+            while j < running.0.len() {
+                let (i, child) = &mut running.0[j];
+                match child.try_wait()? {
+                    None => j += 1,
+                    Some(s) if s.success() => {
+                        host_seconds[*i] = t.elapsed().as_secs_f64();
+                        running.0.swap_remove(j);
+                    }
+                    Some(s) => {
+                        let i = *i;
+                        // Dropping the others stops them.
+                        bail!("the workload failed on host {i}: {s}");
+                    }
+                }
             }
             if let Ok(s) = self.status() {
                 peak = peak.max(s.nodes.iter().map(|n| n.stats.used).sum());
             }
             std::thread::sleep(Duration::from_millis(300));
-        };
+        }
         let seconds = t.elapsed().as_secs_f64();
         let after = self.settled()?;
         peak = peak.max(after.used);
-        if !status.success() {
-            bail!("the workload failed: {status}");
-        }
+        let dir = self.mounts[0].join(&run);
         std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
         let (busiest_cpu_seconds, busiest_link_bytes) = after.busiest(&before);
         Ok(Run {
@@ -396,14 +457,36 @@ impl Emulated {
             cpu_seconds: (after.cpu - before.cpu).max(0.0),
             iowait_seconds: (after.iowait - before.iowait).max(0.0),
             link_bytes: after.link_bytes - before.link_bytes.min(after.link_bytes),
+            host_seconds: if cmds.len() > 1 {
+                host_seconds
+            } else {
+                Vec::new()
+            },
         })
+    }
+}
+
+/// The workload's processes still running, by host; dropped (a failure elsewhere, Ctrl-C),
+/// each is killed with everything it started.
+#[derive(Default)]
+struct Workers(Vec<(usize, Child)>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.0 {
+            // SAFETY: a signal to the process group of a child of ours (its id).
+            unsafe { libc::killpg(child.id() as i32, libc::SIGKILL) };
+            let _ = child.wait();
+        }
     }
 }
 
 /// Unmounts and stops the cluster, also after a failure (the hosts go after it).
 impl Drop for Emulated {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+        for m in &self.mounts {
+            let _ = Command::new("umount").arg("-l").arg(m).status();
+        }
         for p in &mut self.procs {
             // SIGINT: the mount and the servers end cleanly.
             // SAFETY: a plain signal to a child of ours.
@@ -412,7 +495,10 @@ impl Drop for Emulated {
         for p in &mut self.procs {
             let _ = p.wait();
         }
-        let _ = std::fs::remove_dir(&self.mount);
+        for m in &self.mounts {
+            let _ = std::fs::remove_dir(m);
+        }
+        let _ = std::fs::remove_dir(&self.base);
     }
 }
 

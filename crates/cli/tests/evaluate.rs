@@ -1,6 +1,7 @@
 //! `tessera evaluate` as users run it: two candidate clusters built as emulated hosts (root
 //! and network namespaces; skipped, saying why, without them), a small model replayed on each
-//! and a shell workload, the report and the JSON checked; bad candidates files refused.
+//! and a shell workload, on host 0 or on every host at once (the shuffle of
+//! scripts/workloads), the report and the JSON checked; bad candidates files refused.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -127,6 +128,128 @@ fn two_configurations_are_built_measured_and_ranked() {
     );
 }
 
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// Every host's lines, `TESSERA_*` as its workload saw them.
+fn seen(dir: &Path, hosts: usize) -> Vec<Vec<String>> {
+    (0..hosts)
+        .map(|i| {
+            let f = dir.join(format!("env-{hosts}-{i}"));
+            let text = std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{f:?}: {e}"));
+            text.lines().map(str::to_string).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn every_host_runs_the_shuffle_and_the_last_one_ends_the_run() {
+    if !emulated_hosts_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().display().to_string();
+    let configs = r#"
+runs = 1
+[prices.node]
+purchase = 3000
+hourly = 0.25
+[[config]]
+name = "two"
+hosts = 2
+host = "node"
+memory = "256MiB"
+bandwidth = "1Gbit"
+latency = "100us"
+[[config]]
+name = "three"
+hosts = 3
+host = "node"
+memory = "256MiB"
+bandwidth = "1Gbit"
+latency = "100us"
+"#;
+    std::fs::write(dir.path().join("configs.toml"), configs).unwrap();
+    let shuffle = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/workloads/shuffle.sh");
+    // Each host notes what it was told (outside the mount) and shuffles; the last host then
+    // waits for all the others to be done (polling, no fixed sleep) before it ends.
+    let workload = format!(
+        "set -e; f={out}/env-$TESSERA_HOSTS-$TESSERA_HOST; \
+         printf '%s\\n' \"$TESSERA_HOST\" \"$TESSERA_HOSTS\" \"$TESSERA_DIR\" \"$TESSERA_MOUNT\" \
+         \"$TESSERA_MANAGER\" \"$TESSERA_SECRET\" \"$PWD\" > $f.tmp; mv $f.tmp $f; \
+         SHUFFLE_MB=6 SHUFFLE_TIMEOUT=300 sh {shuffle}; touch {out}/done-$TESSERA_HOSTS-$TESSERA_HOST; \
+         if [ $TESSERA_HOST -eq $((TESSERA_HOSTS - 1)) ]; then \
+           i=0; while [ $i -lt 3000 ] && [ $(ls {out} | grep -c \"^done-$TESSERA_HOSTS-\") -lt $TESSERA_HOSTS ]; \
+           do sleep 0.1; i=$((i + 1)); done; touch {out}/last-$TESSERA_HOSTS; fi",
+        shuffle = shuffle.display()
+    );
+    let o = evaluate(
+        dir.path(),
+        &[
+            "configs.toml",
+            "--every-host",
+            "--workload",
+            &workload,
+            "--json",
+            "v.json",
+            "-o",
+            "v.html",
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v = json(&dir.path().join("v.json"));
+    for (k, hosts) in [(0, 2usize), (1, 3)] {
+        let run = &v["outcomes"][k]["runs"][0];
+        let each: Vec<f64> = run["host_seconds"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{run}"))
+            .iter()
+            .map(|t| t.as_f64().unwrap())
+            .collect();
+        assert_eq!(each.len(), hosts, "{run}");
+        let seconds = run["seconds"].as_f64().unwrap();
+        for t in &each {
+            assert!(*t > 0.0 && *t <= seconds, "{run}");
+        }
+        // The last host ended the run: it ended after every other host was done.
+        assert!(dir.path().join(format!("last-{hosts}")).exists());
+        // Every host's bytes went through the servers: the shuffle wrote and read 6 MiB.
+        assert!(run["bytes"].as_u64().unwrap() >= 2 * (6 << 20), "{run}");
+        let seen = seen(dir.path(), hosts);
+        for (i, lines) in seen.iter().enumerate() {
+            let [host, count, run_dir, mount, manager, secret, pwd] = &lines[..] else {
+                panic!("host {i}: {lines:?}");
+            };
+            assert_eq!(host, &i.to_string());
+            assert_eq!(count, &hosts.to_string());
+            // One run directory, each host through its own mount.
+            assert_eq!(run_dir, &format!("{mount}/run-0"));
+            assert_eq!(pwd, run_dir);
+            assert!(!manager.is_empty() && !secret.is_empty(), "{lines:?}");
+            assert_eq!(manager, &seen[0][4]);
+            for other in &seen[..i] {
+                assert_ne!(mount, &other[3], "two hosts share a mount");
+            }
+        }
+    }
+
+    // One host failing stops the others (they would wait an hour) and is named.
+    let failing = "if [ $TESSERA_HOST -eq 1 ]; then exit 3; fi; sleep 3600";
+    let o = evaluate(
+        dir.path(),
+        &["configs.toml", "--every-host", "--workload", failing],
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("the workload failed on host 1"), "{err}");
+}
+
 #[test]
 fn bad_candidates_files_and_flags_are_refused_clearly() {
     let dir = tempfile::tempdir().unwrap();
@@ -146,6 +269,28 @@ fn bad_candidates_files_and_flags_are_refused_clearly() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("missing.toml"));
     let out = evaluate(dir.path(), &["bad.toml"]);
     assert!(!out.status.success(), "no workload given");
+}
+
+#[test]
+fn every_host_without_a_workload_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("configs.toml"), CONFIGS).unwrap();
+    let out = evaluate(
+        dir.path(),
+        &["configs.toml", "--every-host", "--model", "model.json"],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--every-host runs a shell command on every host: give it with --workload"),
+        "{err}"
+    );
+    let out = evaluate(dir.path(), &["configs.toml", "--every-host"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--workload"),
+        "no workload given"
+    );
 }
 
 #[test]

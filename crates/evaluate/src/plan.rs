@@ -75,6 +75,8 @@ struct RawPlan {
 struct RawTarget {
     hosts: u32,
     bandwidth: String,
+    #[serde(default = "one")]
+    cores: f64,
 }
 
 /// A cluster the scaling model predicts.
@@ -82,6 +84,8 @@ struct RawTarget {
 pub struct Target {
     pub hosts: u32,
     pub bandwidth_bps: u64,
+    /// Cores of each host.
+    pub cores: f64,
 }
 
 fn three() -> u32 {
@@ -183,9 +187,13 @@ impl Plan {
                 if t.hosts == 0 {
                     return Err(bad("hosts = 0".into()));
                 }
+                if !(t.cores.is_finite() && t.cores > 0.0) {
+                    return Err(bad(format!("cores = {}: give a positive number", t.cores)));
+                }
                 Ok(Target {
                     hosts: t.hosts,
                     bandwidth_bps: bandwidth(&t.bandwidth).map_err(bad)?,
+                    cores: t.cores,
                 })
             })
             .collect::<Result<_, _>>()?;
@@ -363,7 +371,8 @@ bandwidth = "100Gbit"
             p.predict,
             [Target {
                 hosts: 32,
-                bandwidth_bps: 100_000_000_000
+                bandwidth_bps: 100_000_000_000,
+                cores: 1.0
             }]
         );
     }
@@ -412,6 +421,10 @@ bandwidth = "100Gbit"
                 "unknown field",
             ),
             (GOOD.replace("\"100Gbit\"", "\"10\""), "predict:"),
+            (
+                GOOD.replace("\"100Gbit\"", "\"100Gbit\"\ncores = -1"),
+                "predict: cores = -1",
+            ),
         ];
         for (text, want) in cases {
             let e = Plan::parse(&text).unwrap_err().to_string();

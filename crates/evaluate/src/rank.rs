@@ -29,6 +29,10 @@ pub struct Run {
     /// Bytes through the busiest link, both directions together.
     #[serde(default)]
     pub busiest_link_bytes: u64,
+    /// When the workload ran on every host: how long it took on each (the run lasts until
+    /// the last one ends).
+    #[serde(default)]
+    pub host_seconds: Vec<f64>,
 }
 
 /// What limits a candidate, from how busy each resource was.
@@ -162,8 +166,9 @@ fn outcome(c: &Candidate, runs: &[Run]) -> Outcome {
     }
 }
 
-/// Ranks the candidates of `plan` from their runs (`runs[i]` belongs to candidate i).
-pub fn rank(plan: &Plan, runs: &[Vec<Run>]) -> Verdict {
+/// Ranks the candidates of `plan` from their runs (`runs[i]` belongs to candidate i), measured
+/// on a machine of `machine_cores` cores shared by the emulated hosts.
+pub fn rank(plan: &Plan, runs: &[Vec<Run>], machine_cores: f64) -> Verdict {
     assert_eq!(
         plan.candidates.len(),
         runs.len(),
@@ -205,16 +210,19 @@ pub fn rank(plan: &Plan, runs: &[Vec<Run>]) -> Verdict {
         .candidates
         .iter()
         .zip(&outcomes)
-        .map(|(c, o)| Point {
-            hosts: c.hosts,
-            gbit: c.bandwidth_bps as f64 / 1e9,
-            seconds: o.seconds.median,
+        .map(|(c, o)| {
+            let gbit = c.bandwidth_bps as f64 / 1e9;
+            Point::new(c.hosts, gbit, c.cores, machine_cores, o.seconds.median)
         })
         .collect();
-    let targets: Vec<(u32, f64)> = plan
+    // Real hosts: each has its own cores.
+    let targets: Vec<Point> = plan
         .predict
         .iter()
-        .map(|t| (t.hosts, t.bandwidth_bps as f64 / 1e9))
+        .map(|t| {
+            let gbit = t.bandwidth_bps as f64 / 1e9;
+            Point::new(t.hosts, gbit, t.cores, f64::INFINITY, 0.0)
+        })
         .collect();
     Verdict {
         scaling: Extrapolation::of(&measured, &targets),
@@ -231,9 +239,7 @@ pub fn rank(plan: &Plan, runs: &[Vec<Run>]) -> Verdict {
 mod tests {
     use super::*;
 
-    fn plan() -> Plan {
-        Plan::parse(
-            r#"
+    const PLAN: &str = r#"
 baseline = "medium"
 [prices.cheap]
 purchase = 1000
@@ -254,9 +260,10 @@ host = "cheap"
 memory = "1GiB"
 cores = 0.5
 bandwidth = "1Gbit"
-"#,
-        )
-        .unwrap()
+"#;
+
+    fn plan() -> Plan {
+        Plan::parse(PLAN).unwrap()
     }
 
     fn run(seconds: f64) -> Run {
@@ -272,7 +279,11 @@ bandwidth = "1Gbit"
     fn the_cost_models_follow_pga_and_the_cloud_price() {
         let p = plan();
         // medium: 16000 of hosts, 10 s; dense: 8000, 15 s.
-        let v = rank(&p, &[vec![run(10.0), run(12.0), run(9.0)], vec![run(15.0)]]);
+        let v = rank(
+            &p,
+            &[vec![run(10.0), run(12.0), run(9.0)], vec![run(15.0)]],
+            2.0,
+        );
         let (medium, dense) = (&v.outcomes[0], &v.outcomes[1]);
         assert_eq!(
             medium.seconds,
@@ -312,10 +323,48 @@ bandwidth = "1Gbit"
             busiest_cpu_seconds: 9.0,
             ..run(10.0)
         };
-        let v = rank(&p, &[vec![busy_cpu], vec![busy_link]]);
+        let v = rank(&p, &[vec![busy_cpu], vec![busy_link]], 2.0);
         assert_eq!(v.outcomes[0].bound, Bound::Cpu);
         assert_eq!(v.outcomes[1].bound, Bound::Network);
-        let idle = rank(&p, &[vec![run(1.0)], vec![run(1.0)]]);
+        let idle = rank(&p, &[vec![run(1.0)], vec![run(1.0)]], 2.0);
         assert_eq!(idle.outcomes[0].bound, Bound::Latency);
+    }
+
+    #[test]
+    fn the_scaling_model_sees_the_cores_the_hosts_could_get() {
+        let text = format!(
+            "{}{}",
+            PLAN,
+            r#"
+[[config]]
+name = "pair-dear"
+hosts = 2
+host = "dear"
+memory = "1GiB"
+bandwidth = "10Gbit"
+[[config]]
+name = "pair-cheap"
+hosts = 2
+host = "cheap"
+memory = "1GiB"
+cores = 0.5
+bandwidth = "10Gbit"
+"#
+        );
+        let p = Plan::parse(&text).unwrap();
+        let runs = vec![
+            vec![run(10.0)],
+            vec![run(15.0)],
+            vec![run(9.0)],
+            vec![run(12.0)],
+        ];
+        let cores = |machine: f64| -> Vec<f64> {
+            let v = rank(&p, &runs, machine);
+            v.scaling.checks.iter().map(|c| c.point.cores).collect()
+        };
+        // medium 4 x 1, dense 8 x 0.5, pair-dear 2 x 1, pair-cheap 2 x 0.5: on two cores the
+        // first three get the same two; on sixteen each gets its own.
+        assert_eq!(cores(2.0), [2.0, 2.0, 2.0, 1.0]);
+        assert_eq!(cores(16.0), [4.0, 4.0, 2.0, 1.0]);
     }
 }

@@ -157,11 +157,13 @@ fn table(outcomes: &[Outcome]) -> String {
 
 fn scaling(x: &Extrapolation) -> String {
     let mut out = String::from(
-        "<p class=\"note\">Ernest's terms for a fixed input (1, 1/m, log m, m for m hosts) and \
-         one for data crossing the links (1/(m × Gbit/s)), fitted by non-negative least squares \
-         on the median times. It assumes alike hosts and a fixed input. Emulated hosts share \
-         this machine's cores, so CPU-bound configurations are slower here than on real \
-         hosts.</p>",
+        "<p class=\"note\">Ernest's terms for a fixed input (1, log m, m for m hosts), the work \
+         split over C, the cores the hosts could get (their limits together, at most this \
+         machine's), work every host does at the speed of its cores (m/C), and data crossing \
+         the links (1/(m × Gbit/s)), fitted by non-negative least squares on the median times. \
+         It assumes the hosts of a cluster alike and a fixed input. Emulated hosts share this \
+         machine's cores, so CPU-bound configurations are slower here than on real hosts; \
+         predictions are for real hosts, each with its own cores.</p>",
     );
     if let Some(note) = &x.note {
         let _ = write!(out, "<p class=\"note warn\">{}</p>", escape(note));
@@ -179,16 +181,18 @@ fn scaling(x: &Extrapolation) -> String {
     if !x.checks.is_empty() {
         out.push_str(
             "<h3>Each measured configuration predicted by the model fitted on the others</h3>\
-             <table><tr><th>hosts</th><th>Gbit/s</th><th>measured (s)</th><th>predicted (s)</th>\
-             <th>error</th></tr>",
+             <table><tr><th>hosts</th><th>Gbit/s</th><th>cores got</th><th>measured (s)</th>\
+             <th>predicted (s)</th><th>error</th></tr>",
         );
         for c in &x.checks {
             let _ = write!(
                 out,
-                "<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{:.2}</td>\
-                 <td class=\"num\">{:.2}</td><td class=\"num\">{:.0} %</td></tr>",
+                "<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+                 <td class=\"num\">{:.2}</td><td class=\"num\">{:.2}</td>\
+                 <td class=\"num\">{:.0} %</td></tr>",
                 c.point.hosts,
                 tick(&c.point.gbit),
+                tick(&c.point.cores),
                 c.point.seconds,
                 c.predicted,
                 c.error * 100.0
@@ -198,14 +202,17 @@ fn scaling(x: &Extrapolation) -> String {
     }
     if !x.predictions.is_empty() {
         out.push_str(
-            "<h3>Predicted</h3><table><tr><th>hosts</th><th>Gbit/s</th><th>time (s)</th></tr>",
+            "<h3>Predicted</h3><table><tr><th>hosts</th><th>Gbit/s</th><th>cores each</th>\
+             <th>time (s)</th></tr>",
         );
         for p in &x.predictions {
             let _ = write!(
                 out,
-                "<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{:.2}</td></tr>",
+                "<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+                 <td class=\"num\">{:.2}</td></tr>",
                 p.hosts,
                 tick(&p.gbit),
+                tick(&p.host_cores),
                 p.seconds
             );
         }
@@ -252,13 +259,14 @@ fn scaling_chart(root: &Area<'_>, x: &Extrapolation) -> Drawn {
         .x_desc("hosts")
         .y_desc("seconds")
         .draw()?;
-    let mut speeds: Vec<f64> = points.iter().map(|p| p.gbit).collect();
-    speeds.sort_by(f64::total_cmp);
-    speeds.dedup();
-    for gbit in &speeds {
+    let mut kinds: Vec<(f64, f64)> = points.iter().map(|p| (p.gbit, p.host_cores)).collect();
+    kinds.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    kinds.dedup();
+    for (gbit, host_cores) in &kinds {
+        // As on real hosts, each with its own cores.
         let curve = (10..=m_max * 10).map(|m10| {
             let m = f64::from(m10) / 10.0;
-            (m, model.predict_at(m, *gbit))
+            (m, model.predict_at(m, *gbit, m * host_cores))
         });
         chart.draw_series(LineSeries::new(curve, GRID.mix(1.0).stroke_width(2)))?;
     }
@@ -290,7 +298,7 @@ fn scaling_chart(root: &Area<'_>, x: &Extrapolation) -> Drawn {
             (Mark::Dot(MEASURED), "measured".into()),
             (Mark::Cross(LEFT_OUT), "predicted with it left out".into()),
             (Mark::Dot(PREDICTED), "predicted".into()),
-            (Mark::Line(GRID), "model, per link speed".into()),
+            (Mark::Line(GRID), "model, per link speed and host".into()),
         ],
         70,
     )

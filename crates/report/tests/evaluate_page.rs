@@ -41,7 +41,7 @@ fn too_few_configurations_for_the_model_say_so() {
         seconds: 2.0,
         ..Default::default()
     };
-    let v = tessera_evaluate::rank(&plan, &[vec![run]]);
+    let v = tessera_evaluate::rank(&plan, &[vec![run]], 2.0);
     let html = evaluate_report(&v, "evaluation", "a test");
     assert!(html.contains("the model needs 3"), "{html}");
     assert_eq!(html.matches("<svg").count(), 3);

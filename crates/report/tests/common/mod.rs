@@ -417,9 +417,10 @@ pub fn verdict() -> tessera_evaluate::Verdict {
                     link_bytes: (2u64 << 30) * 3,
                     busiest_cpu_seconds: t * 0.4,
                     busiest_link_bytes: 2 << 30,
+                    host_seconds: Vec::new(),
                 })
                 .collect()
         })
         .collect();
-    tessera_evaluate::rank(&plan, &runs)
+    tessera_evaluate::rank(&plan, &runs, 2.0)
 }
