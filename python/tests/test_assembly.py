@@ -30,7 +30,7 @@ from tessera.assembly import contigs as ctg  # noqa: E402
 from tessera.assembly.kmers import fastq_sequences, revcomp  # noqa: E402
 from tessera.assembly.store import Store  # noqa: E402
 
-PARAMS = Params(k=21, parts=4, seed=3)
+PARAMS = Params(k=21, parts=3, seed=3, rounds=2)
 MIN_COUNT = 1  # keep the error k-mers, so that there are tips and bubbles to remove
 
 
@@ -47,7 +47,7 @@ class Sample:
 
 @pytest.fixture(scope="module")
 def sample(cluster: LocalCluster) -> Iterator[Sample]:
-    genome = simulate.genome(20_000, seed=11)
+    genome = simulate.genome(12_000, seed=11)
     fq = simulate.reads(genome, 20, 100, error_rate=0.003, n_rate=0.02, seed=12).encode()
     base = f"/asm-{uuid.uuid4().hex[:10]}"
     c = cluster.client()

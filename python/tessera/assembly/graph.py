@@ -101,11 +101,11 @@ class Part:
     @classmethod
     def load(cls, store: Store, name: str) -> "Part":
         a = store.load_arrays(name)
-        return cls(int(a["k"]), *(a[f] for f in cls.FIELDS))
+        return cls(int(a["k"][0]), *(a[f] for f in cls.FIELDS))
 
     def save(self, store: Store, name: str) -> int:
         arrays = {f: getattr(self, f) for f in self.FIELDS}
-        arrays["k"] = np.array(self.k)
+        arrays["k"] = np.array([self.k])
         return store.save_arrays(name, arrays)
 
     # -- views ---------------------------------------------------------------------------

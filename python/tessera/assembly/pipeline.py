@@ -33,6 +33,7 @@ class Config:
     trace: Optional[str] = None
     progress: bool = True
     min_length: int = 200  # for the statistics
+    simplify: bool = True  # False: stop at the graph (to time the construction alone)
 
 
 @dataclass
@@ -191,6 +192,7 @@ def run(cfg: Config, client: Any = None) -> Result:
             shuffle=shuf, combine=cfg.combine, retries=3,
         )
         mapped = _sum(wait_all(client, maps, cfg.progress))
+        del maps  # a lost worker must not make Dask recompute what is done
         stages["kmers+shuffle write"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         reds = client.map(
@@ -198,8 +200,16 @@ def run(cfg: Config, client: Any = None) -> Result:
             min_count=cfg.min_count, shuffle=shuf, graph=graph, retries=3,
         )
         reduced = _sum(wait_all(client, reds, cfg.progress))
+        del reds
         stages["shuffle read+graph"] = time.perf_counter() - t0
         shuf.remove("")
+        counters: Dict[str, Any] = {
+            "input_bytes": input_bytes, "blocks": len(blocks), "map": mapped,
+            "reduce": reduced, "shuffle_ratio": mapped["shuffle_bytes"] / max(1, input_bytes),
+            "params": asdict(prm), "min_count": cfg.min_count,
+        }
+        if not cfg.simplify:
+            return Result(stages, counters, {}, [], {}, [])
         steps = Supersteps(client, prm, work, graph, cfg.progress)
         removed = steps.simplify()
         stages.update(steps.times)
@@ -210,12 +220,7 @@ def run(cfg: Config, client: Any = None) -> Result:
         stats = ctg.stats([len(s) for s, _ in found], cfg.min_length)
         work.write("stats.json", json.dumps(stats, indent=1).encode())
         stages["contigs"] = time.perf_counter() - t0
-        counters = {
-            "input_bytes": input_bytes, "blocks": len(blocks), "map": mapped,
-            "reduce": reduced, "shuffle_ratio": mapped["shuffle_bytes"] / max(1, input_bytes),
-            "supersteps": steps.counters, "removed": removed, "params": asdict(prm),
-            "min_count": cfg.min_count,
-        }
+        counters.update(supersteps=steps.counters, removed=removed)
         merged = None
         if cfg.trace:
             client.run(close_filesystems)

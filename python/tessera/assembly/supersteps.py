@@ -8,8 +8,9 @@ can run again (a retry after its worker died) and write the same output: its ran
 hash of the vertex, the round and the seed.
 
 - compression (two supersteps a round, PGA's randomised list ranking): every vertex is a head
-  or a tail by a coin; a tail ``v`` with one in-edge, from a head ``u`` with one out-edge, is
-  absorbed by ``u`` (``u`` takes ``v``'s sequence past the k-1 overlap, its weight and its
+  or a tail by a coin (one that cannot be absorbed, in-degree not 1, is a head; one that cannot
+  absorb, out-degree not 1, a tail); a tail ``v`` with one in-edge, from a head ``u`` with one
+  out-edge, is absorbed by ``u`` (``u`` takes ``v``'s sequence past the k-1 overlap, its weight and its
   out-edges; ``v``'s successors are told to rename their in-edge). The rounds go on until no
   edge ``u -> v`` with out(u) = 1 and in(v) = 1 is left, so the result is the maximal unitigs
   whatever the coins.
@@ -95,18 +96,19 @@ def load(out: Outbox, p: int, prm: Params, graph: Store) -> Part:
 
 
 def offer(part: Part, out: Outbox, rnd: int, prm: Params) -> Dict[str, int]:
-    """Every vertex with one in-edge tells its predecessor; a tail whose predecessor is a
-    head sends itself along, to be absorbed if the predecessor has one out-edge."""
-    ind, _ = part.degrees()
-    e = part.sole_edge(part.idst)[ind == 1]
-    v, u, c = part.ids[ind == 1], part.isrc[e], part.icnt[e]
+    """Every vertex with one in-edge tells its predecessor whether it is a tail, and a tail
+    sends itself along, to be absorbed if the predecessor is a head with one out-edge."""
+    ind, outd = part.degrees()
+    one = ind == 1
+    e = part.sole_edge(part.idst)[one]
+    v, u, c = part.ids[one], part.isrc[e], part.icnt[e]
+    tail = is_tail(v, outd[one], rnd, prm.seed)
     ok = u != v
-    v, u, c = v[ok], u[ok], c[ok]
-    cand = ~heads(v, rnd, prm.seed) & heads(u, rnd, prm.seed)
-    out.send(u, {"of_u": u, "of_v": v, "of_cnt": c, "of_cand": cand})
-    dest = kmers.partition_of(u[cand], prm.parts)
+    v, u, c, tail = v[ok], u[ok], c[ok], tail[ok]
+    out.send(u, {"of_u": u, "of_v": v, "of_cnt": c, "of_tail": tail})
+    dest = kmers.partition_of(u[tail], prm.parts)
     for q in np.unique(dest).tolist():
-        vs = v[cand][dest == q]
+        vs = v[tail][dest == q]
         idx = locate(part.ids, vs)
         lens, codes = part.sequences(idx)
         sel = locate(np.sort(vs), part.osrc) >= 0
@@ -114,16 +116,29 @@ def offer(part: Part, out: Outbox, rnd: int, prm: Params) -> Dict[str, int]:
             "ov_id": vs, "ov_w": part.w[idx], "ov_len": lens, "ov_seq": codes,
             "ove_src": part.osrc[sel], "ove_dst": part.odst[sel], "ove_cnt": part.ocnt[sel],
         })
-    return {"offers": int(cand.sum())}
+    return {"offers": int(tail.sum())}
 
 
-def accept(part: Part, out: Outbox, m: Arrays, prm: Params) -> Dict[str, int]:
+def is_tail(ids: np.ndarray, outdeg: np.ndarray, rnd: int, seed: int) -> np.ndarray:
+    """A vertex that cannot absorb (out-degree not 1) is always a tail, the others by coin."""
+    return ~heads(ids, rnd, seed) | (outdeg != 1)
+
+
+def is_head(ids: np.ndarray, indeg: np.ndarray, rnd: int, seed: int) -> np.ndarray:
+    """A vertex that cannot be absorbed (in-degree not 1) is always a head, the others by
+    the same coin: so a head is never a tail, and chain ends merge at every round."""
+    return heads(ids, rnd, seed) | (indeg != 1)
+
+
+def accept(part: Part, out: Outbox, m: Arrays, rnd: int, prm: Params) -> Dict[str, int]:
     if "of_u" not in m:
         return {"mergeable": 0, "merged": 0}
-    _, outd = part.degrees()
+    ind, outd = part.degrees()
     ui = locate(part.ids, m["of_u"])
-    mergeable = (ui >= 0) & (outd[np.maximum(ui, 0)] == 1)
-    acc = mergeable & m["of_cand"].astype(bool)
+    i = np.maximum(ui, 0)
+    mergeable = (ui >= 0) & (outd[i] == 1)
+    head = is_head(m["of_u"], ind[i], rnd, prm.seed)
+    acc = mergeable & m["of_tail"].astype(bool) & head
     u, v, c, ui = m["of_u"][acc], m["of_v"][acc], m["of_cnt"][acc], ui[acc]
     if len(u):
         vpos = lookup(m["ov_id"], v)
@@ -252,7 +267,7 @@ def superstep(
 
 ACTIONS: Dict[str, Callable[[Part, Outbox, Arrays, int, Params], Dict[str, int]]] = {
     "offer": lambda part, out, m, rnd, prm: offer(part, out, rnd, prm),
-    "accept": lambda part, out, m, rnd, prm: accept(part, out, m, prm),
+    "accept": accept,
     "tips": lambda part, out, m, rnd, prm: tips(part, out, prm),
     "bubbles": lambda part, out, m, rnd, prm: bubble_candidates(part, out, prm),
     "pop": lambda part, out, m, rnd, prm: pop_bubbles(part, out, m, prm),
