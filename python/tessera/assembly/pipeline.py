@@ -55,7 +55,7 @@ def wait_all(client: Any, futures: List[Any], show: bool) -> List[Any]:
     if show:
         from distributed import progress
 
-        progress(futures)
+        progress(futures)  # type: ignore[no-untyped-call]
         print(file=sys.stderr)
     results: List[Any] = client.gather(futures)
     return results
@@ -140,11 +140,11 @@ def connect(cfg: Config) -> Tuple[Any, Any]:
     from distributed import Client, LocalCluster
 
     if cfg.scheduler:
-        return Client(cfg.scheduler), None
-    cluster = LocalCluster(
+        return Client(cfg.scheduler), None  # type: ignore[no-untyped-call]
+    cluster = LocalCluster(  # type: ignore[no-untyped-call]
         n_workers=cfg.workers, threads_per_worker=1, processes=True, dashboard_address=":0"
     )
-    return Client(cluster), cluster
+    return Client(cluster), cluster  # type: ignore[no-untyped-call]
 
 
 def read_final(work: Store) -> Tuple[ctg.Nodes, ctg.Edges]:

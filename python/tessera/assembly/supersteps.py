@@ -60,7 +60,7 @@ def step_dir(step: int) -> str:
 
 def heads(ids: np.ndarray, rnd: int, seed: int) -> np.ndarray:
     salt = kmers.mix(np.array([rnd * 0x100000001B3 + seed], dtype=U64))[0]
-    return (kmers.mix(ids ^ salt) & U64(1)) == U64(1)
+    return np.asarray((kmers.mix(ids ^ salt) & U64(1)) == U64(1), dtype=bool)
 
 
 # -- applying messages ---------------------------------------------------------------------
@@ -121,13 +121,13 @@ def offer(part: Part, out: Outbox, rnd: int, prm: Params) -> Dict[str, int]:
 
 def is_tail(ids: np.ndarray, outdeg: np.ndarray, rnd: int, seed: int) -> np.ndarray:
     """A vertex that cannot absorb (out-degree not 1) is always a tail, the others by coin."""
-    return ~heads(ids, rnd, seed) | (outdeg != 1)
+    return np.asarray(~heads(ids, rnd, seed) | (outdeg != 1), dtype=bool)
 
 
 def is_head(ids: np.ndarray, indeg: np.ndarray, rnd: int, seed: int) -> np.ndarray:
     """A vertex that cannot be absorbed (in-degree not 1) is always a head, the others by
     the same coin: so a head is never a tail, and chain ends merge at every round."""
-    return heads(ids, rnd, seed) | (indeg != 1)
+    return np.asarray(heads(ids, rnd, seed) | (indeg != 1), dtype=bool)
 
 
 def accept(part: Part, out: Outbox, m: Arrays, rnd: int, prm: Params) -> Dict[str, int]:

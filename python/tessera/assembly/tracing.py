@@ -14,8 +14,8 @@ def merge_traces(directory: str, name: str = "assembly.parquet") -> str:
     path. Each record's times move to the clock of the earliest trace, then all are sorted
     by start."""
     import pandas as pd
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     from .. import trace
 
