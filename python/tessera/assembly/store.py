@@ -127,6 +127,6 @@ def close_filesystems() -> None:
     last act on each worker, so that its trace is whole before the traces are merged)."""
     for fs in _OPEN.values():
         client = getattr(fs, "client", None)
-        if client is not None and client.trace_file() is not None:
+        if client is not None and client.trace_file is not None:
             client.stop_trace()
     _OPEN.clear()
