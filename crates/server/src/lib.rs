@@ -335,7 +335,10 @@ async fn prefault(handler: Arc<NodeHandler>) {
             continue;
         }
         let pool = handler.store.pool();
-        let free = handler.store.capacity().saturating_sub(handler.store.used());
+        let free = handler
+            .store
+            .capacity()
+            .saturating_sub(handler.store.used());
         let limit = usize::try_from(free).unwrap_or(usize::MAX) / stripe;
         if pool.idle() >= pool.prefault_target().min(limit) {
             continue;
