@@ -8,7 +8,8 @@
 # cannot start or fails during the run shows as failed, with the reason, in the table.
 # Usage: scripts/bench-fuse.sh [SIZE]   (fio file size, default 4G)
 # Environment: OUT (JSON results, default /tmp/bench-fuse.json), MOUNT_ARGS (extra flags for
-# `tessera mount`, e.g. "--writeback-cache"), PHASES ("io,meta" by default; "meta": the
+# `tessera mount`, e.g. "--writeback-cache"), UP_ARGS (extra flags for `tessera up`, e.g.
+# "--prefault 1GiB"; the run then waits until the servers' pools are full), PHASES ("io,meta" by default; "meta": the
 # metadata test only), ROUNDS (3 by default: medians of that many rounds over every directory in
 # turn), TESSERA_BIN (another tessera binary, e.g. an older build to compare), LOW_LATENCY (1 by
 # default: the cluster runs with --low-latency, so idle CPUs poll instead of halting for the
@@ -27,6 +28,7 @@ fi
 bin=${TESSERA_BIN:-$PWD/target/release/tessera}
 latency=()
 [ "${LOW_LATENCY:-1}" = 0 ] || latency=(--low-latency)
+read -ra up_args <<< "${UP_ARGS:-}"
 
 . scripts/lib/scratch.sh tessera-bench-fuse
 mkdir -p "$work/tmpfs" "$work/bindfs" "$work/bindfs-cache" "$work/mnt"
@@ -37,7 +39,7 @@ mkdir "$work/tmpfs/plain" "$work/tmpfs/under-bindfs" "$work/tmpfs/under-bindfs-c
 bindfs -o direct_io "$work/tmpfs/under-bindfs" "$work/bindfs"
 bindfs "$work/tmpfs/under-bindfs-cache" "$work/bindfs-cache"
 "$bin" --manager "127.0.0.1:$(free_port)" "${latency[@]}" up --http "127.0.0.1:$(free_port)" --servers 4 \
-  --memory 2GiB > "$work/up.log" 2>&1 &
+  --memory 2GiB "${up_args[@]}" > "$work/up.log" 2>&1 &
 pids+=($!)
 wait_cluster_file
 # shellcheck disable=SC2086
@@ -60,7 +62,12 @@ for peer in "${peers[@]}"; do
 done
 
 cpuidle=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo absent)
-echo "fio file $size; $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ); mount flags: ${MOUNT_ARGS:-none}; cluster flags: ${latency[*]:-none}; cpuidle driver: $cpuidle"
+# A pool being filled while the ceilings run would take CPU from them: wait until it is full.
+if [[ " ${up_args[*]} " == *" --prefault "* ]]; then
+  . scripts/lib/prefault.sh
+  wait_prefaulted "$bin"
+fi
+echo "fio file $size; $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ); mount flags: ${MOUNT_ARGS:-none}; cluster flags: ${latency[*]:-none} ${up_args[*]}; cpuidle driver: $cpuidle; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 [ ${#peer_versions[@]} -eq 0 ] || (IFS=, && echo "peers: ${peer_versions[*]}")
 python3 scripts/bench_fuse.py "$size" tmpfs="$work/tmpfs/plain" bindfs="$work/bindfs" \
   bindfs-cache="$work/bindfs-cache" "${peer_args[@]}" tessera="$work/mnt"

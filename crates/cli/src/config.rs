@@ -39,6 +39,8 @@ pub struct ClusterSection {
 #[serde(deny_unknown_fields)]
 pub struct ServerSection {
     pub memory: Option<String>,
+    /// Stripe buffers to keep pre-faulted (`--prefault`).
+    pub prefault: Option<String>,
     pub listen: Option<String>,
     pub label: Option<String>,
 }

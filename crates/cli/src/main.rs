@@ -319,6 +319,11 @@ struct ServerArgs {
     /// or overloaded node in tests and benchmarks.
     #[arg(long, value_parser = parse_duration)]
     fault_delay: Option<Duration>,
+    /// Keep this much memory (e.g. 1GiB; at most --memory) as stripe buffers pre-faulted while
+    /// the server is idle, so writes of new data skip the kernel's page faults and zeroing. For
+    /// nodes given to the job: the server holds it from the start, counted within --memory.
+    #[arg(long)]
+    prefault: Option<String>,
 }
 
 pub const DEFAULT_MANAGER: &str = "127.0.0.1:7070";
@@ -402,12 +407,12 @@ async fn run_server(cli: &Cli, args: &ServerArgs, cfg: &config::FileConfig) -> R
         .clone()
         .or_else(|| cfg.server.memory.clone())
         .context("how much memory should this server offer? --memory 4GiB")?;
-    let mut opts = tessera_server::ServerOptions::new(
-        listen,
-        manager,
-        Secret::new(&secret),
-        config::size(&memory)?,
-    );
+    let memory = config::size(&memory)?;
+    let prefault = args.prefault.as_ref().or(cfg.server.prefault.as_ref());
+    let prefault = prefault_size(prefault, memory)?;
+    let mut opts =
+        tessera_server::ServerOptions::new(listen, manager, Secret::new(&secret), memory);
+    opts.prefault = prefault;
     opts.label = args.label.clone().or_else(|| cfg.server.label.clone());
     if let Some(rate) = &args.sync_rate {
         opts.sync_rate = config::size(rate)?;
@@ -426,6 +431,20 @@ async fn run_server(cli: &Cli, args: &ServerArgs, cfg: &config::FileConfig) -> R
         tessera_server::Ended::Forgotten => rejoin(),
         tessera_server::Ended::Failed => bail!("the server stopped serving"),
     }
+}
+
+/// The bytes of `--prefault SIZE` (0 without) for a server offering `memory`: the pool counts
+/// within it, so a larger one is refused.
+fn prefault_size(text: Option<&String>, memory: u64) -> Result<u64> {
+    let Some(text) = text else { return Ok(0) };
+    let size = config::size(text).context("--prefault")?;
+    if size > memory {
+        bail!(
+            "--prefault {text} is more than the server's --memory ({}): the pre-faulted buffers count within it",
+            up::human(memory)
+        );
+    }
+    Ok(size)
 }
 
 /// A server the manager forgot (stopped or cut off too long: its partitions were rebuilt

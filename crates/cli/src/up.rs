@@ -24,6 +24,10 @@ pub struct UpArgs {
     /// Memory per server (default: half of the available memory, shared among the servers).
     #[arg(long)]
     memory: Option<String>,
+    /// Memory per server kept as pre-faulted stripe buffers, filled while idle (`tessera
+    /// server --prefault`; at most --memory).
+    #[arg(long)]
+    prefault: Option<String>,
     /// Address of the HTTP admin API (default 127.0.0.1:7071).
     #[arg(long)]
     http: Option<String>,
@@ -270,6 +274,8 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
     if memory < 16 << 20 {
         bail!("each server needs at least 16 MiB (got {memory} bytes)");
     }
+    let prefault = args.prefault.as_ref().or(cfg.server.prefault.as_ref());
+    let prefault = crate::prefault_size(prefault, memory)?;
     let manager = cli
         .manager
         .clone()
@@ -314,7 +320,7 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
     let mut children = Children::new(&secret);
     children.start("manager".into(), Role::Manager, margs)?;
     for i in 0..servers {
-        let sargs: Vec<String> = vec![
+        let mut sargs: Vec<String> = vec![
             "server".into(),
             "--listen".into(),
             format!("127.0.0.{}:0", i + 2),
@@ -325,6 +331,9 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
             "--label".into(),
             format!("local-{}", i + 1),
         ];
+        if prefault > 0 {
+            sargs.extend(["--prefault".into(), prefault.to_string()]);
+        }
         children.start(format!("server {}", i + 1), Role::Server, sargs)?;
     }
 

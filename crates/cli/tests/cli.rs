@@ -155,6 +155,17 @@ fn configuration_mistakes_are_reported() {
         &["--manager", "not-an-address", "--secret", "s", "status"],
         "bad manager address",
     );
+    // The pre-faulted pool counts within --memory; both are checked before anything starts.
+    let server = ["server", "--manager", "127.0.0.1:1", "--secret", "s"];
+    let too_much = [&server[..], &["--memory", "64MiB", "--prefault", "1GiB"]].concat();
+    fails(home, &too_much, "more than the server's --memory");
+    let bad = [&server[..], &["--memory", "64MiB", "--prefault", "lots"]].concat();
+    fails(home, &bad, "bad size");
+    fails(
+        home,
+        &["up", "--memory", "64MiB", "--prefault", "65MiB"],
+        "more than the server's --memory",
+    );
 }
 
 #[test]

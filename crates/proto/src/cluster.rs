@@ -167,6 +167,9 @@ pub struct NodeStats {
     /// The partition table the node had installed when it measured (0: none): `used` counts
     /// copies an older table kept, which a newer one may have dropped.
     pub epoch: Epoch,
+    /// Bytes of idle stripe buffers held for reuse, pre-faulted ones (`--prefault`) included:
+    /// memory the process holds beyond `used`.
+    pub pooled: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

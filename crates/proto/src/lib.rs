@@ -50,7 +50,7 @@ pub use rpc::{
 /// the like placed ones, and servers refuse requests that would break the namespace; 11:
 /// `InodeRetract`, `DropFiles` without sizes, `RenameLock`; 13: opens held under client
 /// leases, their holders in `SyncItem::Inode` and `DirCreate`, `LeaseRenew`, `InodeRevoke`,
-/// `InodeScan`, `InodeReclaim`, `ClusterConfig::open_lease_ms`).
-pub const PROTOCOL_VERSION: u16 = 13;
+/// `InodeScan`, `InodeReclaim`, `ClusterConfig::open_lease_ms`; 14: `NodeStats::pooled`).
+pub const PROTOCOL_VERSION: u16 = 14;
 /// First bytes of every connection.
 pub const MAGIC: [u8; 4] = *b"TSRA";

@@ -43,6 +43,12 @@ const POOL_BYTES: usize = 64 << 20;
 /// back to the node.
 const POOL_KEEP_QUIET_BYTES: usize = 16 << 20;
 const POOL_QUIET: Duration = Duration::from_secs(5);
+/// With `--prefault`: how long no stripe buffer must have been asked for before the pool is
+/// filled (so filling does not compete with foreground I/O), how often that is checked, and
+/// how much one step touches at most (a write arriving meanwhile waits for at most one step).
+const PREFAULT_IDLE: Duration = Duration::from_secs(1);
+const PREFAULT_TICK: Duration = Duration::from_millis(100);
+const PREFAULT_STEP_BYTES: usize = 32 << 20;
 /// Default copy rate of a node receiving partitions: a fraction of what loopback carries.
 pub const DEFAULT_SYNC_RATE: u64 = 512 << 20;
 /// How often a server with fenced partitions asks for the table (the fence lasts until the
@@ -71,6 +77,9 @@ pub struct ServerOptions {
     pub sync_rate: u64,
     /// Fault injection: every stripe request waits this long (a slow, overloaded node).
     pub fault_delay: Duration,
+    /// Bytes of stripe buffers to keep pre-faulted, filled while idle (0: none). Counted
+    /// within `capacity`: the pool is filled only with memory the data held leaves free.
+    pub prefault: u64,
 }
 
 impl ServerOptions {
@@ -86,6 +95,7 @@ impl ServerOptions {
             heartbeat: Duration::from_millis(500),
             sync_rate: DEFAULT_SYNC_RATE,
             fault_delay: Duration::ZERO,
+            prefault: 0,
         }
     }
 }
@@ -229,7 +239,7 @@ pub async fn start(opts: ServerOptions) -> Result<RunningServer, ServerError> {
     // Registration happens before the stripe size is known: its pool is sized for small frames.
     let probe = RpcConfig::new(opts.secret.clone(), Arc::new(BufferPool::new(64 << 10, 4)));
     let (node, config) = register(&opts, &Conns::new(Arc::new(probe)), addr).await?;
-    let pool = stripe_pool(config);
+    let pool = stripe_pool(config, opts.prefault);
     let rpc = Arc::new(RpcConfig::new(opts.secret.clone(), pool.clone()));
     let net = Arc::new(Conns::new(rpc.clone()));
     let mut server = launch(opts, addr, node, config, pool, net);
@@ -247,14 +257,16 @@ pub async fn start_on(
     net: Arc<dyn Net>,
 ) -> Result<RunningServer, ServerError> {
     let (node, config) = register(&opts, &*net, addr).await?;
-    let pool = stripe_pool(config);
+    let pool = stripe_pool(config, opts.prefault);
     Ok(launch(opts, addr, node, config, pool, net))
 }
 
-/// The pool of stripe buffers of a cluster with `config`.
-fn stripe_pool(config: ClusterConfig) -> Arc<BufferPool> {
+/// The pool of stripe buffers of a cluster with `config`, keeping `prefault` bytes of them
+/// pre-faulted.
+fn stripe_pool(config: ClusterConfig, prefault: u64) -> Arc<BufferPool> {
     let stripe = config.stripe_size as usize;
-    Arc::new(BufferPool::new(stripe, stripes(stripe, POOL_BYTES)))
+    let prefault = usize::try_from(prefault).unwrap_or(usize::MAX) / stripe.max(1);
+    Arc::new(BufferPool::new(stripe, stripes(stripe, POOL_BYTES)).with_prefault(prefault))
 }
 
 /// Whole stripes in `bytes`, at least one.
@@ -287,6 +299,9 @@ fn launch(
             }
         }
     });
+    if handler.store.pool().prefault_target() > 0 {
+        tasks.spawn(failed_at_end(prefault(handler.clone())));
+    }
     tasks.spawn(failed_at_end(sync::run(
         handler.clone(),
         opts.manager,
@@ -301,6 +316,42 @@ fn launch(
         node,
         service,
         tasks,
+    }
+}
+
+/// Fills the stripe pool with pre-faulted buffers, a step at a time, whenever no buffer was
+/// asked for in the last [`PREFAULT_IDLE`]; never past the memory the data held leaves free.
+async fn prefault(handler: Arc<NodeHandler>) {
+    let stripe = handler.store.pool().buf_size().max(1);
+    let step = stripes(stripe, PREFAULT_STEP_BYTES);
+    let mut quiet_since = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(PREFAULT_TICK).await;
+        if !handler.store.pool().quiet() {
+            quiet_since = tokio::time::Instant::now();
+            continue;
+        }
+        if quiet_since.elapsed() < PREFAULT_IDLE {
+            continue;
+        }
+        let pool = handler.store.pool();
+        let free = handler
+            .store
+            .capacity()
+            .saturating_sub(handler.store.used());
+        let limit = usize::try_from(free).unwrap_or(usize::MAX) / stripe;
+        if pool.idle() >= pool.prefault_target().min(limit) {
+            continue;
+        }
+        let h = handler.clone();
+        match tokio::task::spawn_blocking(move || h.store.pool().prefault(limit, step)).await {
+            Ok(added) => debug!(added, "stripe buffers pre-faulted"),
+            Err(e) => {
+                // Serving goes on without: the pool still recycles what writes give back.
+                warn!("pre-faulting stopped: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
     }
 }
 

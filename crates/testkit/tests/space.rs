@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use std::io::Write;
 use std::os::fd::IntoRawFd;
 use std::time::{Duration, Instant};
-use tessera_testkit::{digest, pattern, Cluster, ClusterSpec, Worker};
+use tessera_testkit::{digest, held_memory, pattern, Cluster, ClusterSpec, Worker};
 
 const MIB: u64 = 1 << 20;
 const ENOSPC: i32 = 28;
@@ -382,5 +382,54 @@ fn through_the_mount_enospc_reaches_the_writer_and_the_size_covers_only_stored_b
     }
     drop(m);
     let _ = std::fs::remove_dir(&dir);
+    Ok(())
+}
+
+/// The one server's `(pooled, used, capacity)` in a status.
+fn pool_of(st: &Value) -> (u64, u64, u64) {
+    let n = &st["nodes"][0];
+    let field = |k: &str| n[k].as_u64().unwrap_or(0);
+    (field("pooled"), field("used"), field("capacity"))
+}
+
+/// A server given `--prefault` fills its pool of pre-faulted stripe buffers while idle, keeps
+/// them through the quiet spells that trim an ordinary pool, lends them to writes, and fills
+/// it again only with the memory its data leaves free. Everything is polled with generous
+/// deadlines: filling waits for idle time, which a loaded machine may make late.
+#[test]
+fn a_prefaulting_server_fills_its_pool_while_idle_and_keeps_it() -> Result<()> {
+    const PREFAULT: u64 = 64 * MIB;
+    let cluster = Cluster::start(&ClusterSpec {
+        servers: 1,
+        memory: "96MiB".into(),
+        server_args: vec![(0, vec!["--prefault".into(), "64MiB".into()])],
+        ..ClusterSpec::default()
+    })?;
+    let pid = cluster.servers[0].id();
+    let mut w = cluster.worker()?;
+    let patience = Duration::from_secs(60);
+    Cluster::wait_status(&mut w, patience, |st| pool_of(st).0 >= PREFAULT)?;
+    let held = held_memory(pid)?;
+    ensure!(
+        held >= PREFAULT,
+        "the pooled buffers are in the server's memory, touched: {held} bytes held"
+    );
+    // Two quiet spells of the pool (5 s each) would have cut an ordinary one to 16 MiB.
+    std::thread::sleep(Duration::from_secs(12));
+    let (pooled, _, _) = pool_of(&w.ok(&json!({"cmd": "status"}))?);
+    ensure!(pooled >= PREFAULT, "kept through quiet spells: {pooled}");
+
+    // A file of 64 MiB takes the buffers; the pool is filled again up to what is left free.
+    w.ok(&json!({"cmd": "write_file", "path": "/f", "len": 64 * MIB, "seed": 5}))?;
+    let st = Cluster::wait_status(&mut w, patience, |st| {
+        let (pooled, used, capacity) = pool_of(st);
+        used >= 64 * MIB && pooled + used + 2 * MIB > capacity
+    })?;
+    let (pooled, used, capacity) = pool_of(&st);
+    ensure!(
+        pooled + used <= capacity,
+        "the pool counts within --memory: {pooled} pooled + {used} used > {capacity}"
+    );
+    ensure!(holds_pattern(&mut w, "/f", 5)? == 64 * MIB);
     Ok(())
 }

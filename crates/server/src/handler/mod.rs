@@ -231,6 +231,7 @@ impl NodeHandler {
             syncing: self.copies.syncing.load(Ordering::Relaxed),
             synced_bytes: self.copies.synced_bytes.load(Ordering::Relaxed),
             epoch: self.epoch().unwrap_or(0),
+            pooled: (self.store.pool().idle() * self.store.pool().buf_size()) as u64,
         }
     }
 

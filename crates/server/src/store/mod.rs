@@ -171,6 +171,10 @@ impl Store {
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
+    /// The stripe buffers this store draws from and gives back to.
+    pub fn pool(&self) -> &BufferPool {
+        &self.pool
+    }
     pub fn used(&self) -> u64 {
         self.used.load(Ordering::Relaxed)
     }

@@ -176,7 +176,8 @@ impl Session {
                         json!({"id": n.id, "addr": n.addr.to_string(), "alive": n.alive,
                                "partitions": n.partitions, "bytes_read": n.stats.bytes_read,
                                "reads": n.stats.reads, "syncing": n.stats.syncing,
-                               "stripes": n.stats.stripes, "used": n.stats.used})
+                               "stripes": n.stats.stripes, "used": n.stats.used,
+                               "capacity": n.stats.capacity, "pooled": n.stats.pooled})
                     })
                     .collect();
                 json!({"epoch": st.epoch, "degraded": st.degraded, "lost": st.lost,
