@@ -9,7 +9,9 @@ use std::ops::Range;
 use std::time::Duration;
 use tessera_client::Client;
 use tessera_collective::fields::KeySpec;
-use tessera_collective::{wait_output, Collective, Fixed, Options, Outcome, Strategy, MAX_RECORD_SIZE};
+use tessera_collective::{
+    wait_output, Collective, Fixed, Options, Outcome, Strategy, MAX_RECORD_SIZE,
+};
 use tokio::io::AsyncReadExt;
 
 #[derive(clap::Args, Debug)]
@@ -85,9 +87,13 @@ fn record_size(s: &str) -> Result<u64, String> {
 }
 
 fn key_range(s: &str) -> Result<Range<u64>, String> {
-    let bad = || format!("bad key range {s:?}: LO:HI, two whole numbers, HI excluded (e.g. 0:1000)");
+    let bad =
+        || format!("bad key range {s:?}: LO:HI, two whole numbers, HI excluded (e.g. 0:1000)");
     let (lo, hi) = s.split_once(':').ok_or_else(bad)?;
-    let (lo, hi): (u64, u64) = (lo.parse().map_err(|_| bad())?, hi.parse().map_err(|_| bad())?);
+    let (lo, hi): (u64, u64) = (
+        lo.parse().map_err(|_| bad())?,
+        hi.parse().map_err(|_| bad())?,
+    );
     if lo >= hi {
         return Err(format!("the key range {s} is empty: HI must be above LO"));
     }

@@ -278,7 +278,9 @@ impl SpawnOutput for Command {
 }
 
 fn lines(all: &[String]) -> Vec<u8> {
-    all.iter().flat_map(|l| format!("{l}\n").into_bytes()).collect()
+    all.iter()
+        .flat_map(|l| format!("{l}\n").into_bytes())
+        .collect()
 }
 
 #[test]
@@ -293,7 +295,14 @@ fn a_killed_writer_fails_the_others_and_no_output_appears() {
     let plain = ["--threshold", "16KiB"];
     a_killed_writer_fails_the_others(home, "/k.txt", &plain, &victim, &others, "w1.r0");
     // Fixed-size records: writer 1 has written some in place.
-    let fixed = ["--record-size", "32", "--key-range", "0:3000", "--threshold", "4KiB"];
+    let fixed = [
+        "--record-size",
+        "32",
+        "--key-range",
+        "0:3000",
+        "--threshold",
+        "4KiB",
+    ];
     let (victim, others) = (records(1..1000, 32), records(0..0, 32));
     a_killed_writer_fails_the_others(home, "/k.bin", &fixed, &victim, &others, "output");
 }
@@ -374,19 +383,26 @@ fn fixed_size_records_go_in_place_by_key() {
             }
         })
         .collect();
-    assert!(got == want, "not the records in place by key, zeros between");
+    assert!(
+        got == want,
+        "not the records in place by key, zeros between"
+    );
 
     // A key two writers give fails both, naming it.
-    let dup = [
-        records([7, 9, 11], 16),
-        records([8, 9, 10], 16),
-    ];
+    let dup = [records([7, 9, 11], 16), records([8, 9, 10], 16)];
     let children: Vec<Child> = dup
         .iter()
         .enumerate()
         .map(|(r, text)| {
             let mut c = tessera(home)
-                .args(["collect", "/dup.bin", "--writers", "2", "--rank", &r.to_string()])
+                .args([
+                    "collect",
+                    "/dup.bin",
+                    "--writers",
+                    "2",
+                    "--rank",
+                    &r.to_string(),
+                ])
                 .args(["--record-size", "16", "--key-range", "0:20"])
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -401,21 +417,45 @@ fn fixed_size_records_go_in_place_by_key() {
         let out = finish(c, 120);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success());
-        assert!(err.contains("key 9 given twice (by writers 0 and 1)"), "{err}");
+        assert!(
+            err.contains("key 9 given twice (by writers 0 and 1)"),
+            "{err}"
+        );
     }
     let stat = tessera(home).args(["stat", "/dup.bin"]).output().unwrap();
     assert!(!stat.status.success(), "an output appeared");
 
     // Nonsense is refused in plain words, before anything is joined.
     for (flags, why) in [
-        (vec!["--record-size", "5GiB", "--key-range", "0:10"], "at most 4 GiB"),
-        (vec!["--record-size", "lots", "--key-range", "0:10"], "bad size"),
-        (vec!["--record-size", "0", "--key-range", "0:10"], "at least one byte"),
-        (vec!["--record-size", "8", "--key-range", "10:10"], "is empty"),
-        (vec!["--record-size", "8", "--key-range", "ten"], "bad key range"),
+        (
+            vec!["--record-size", "5GiB", "--key-range", "0:10"],
+            "at most 4 GiB",
+        ),
+        (
+            vec!["--record-size", "lots", "--key-range", "0:10"],
+            "bad size",
+        ),
+        (
+            vec!["--record-size", "0", "--key-range", "0:10"],
+            "at least one byte",
+        ),
+        (
+            vec!["--record-size", "8", "--key-range", "10:10"],
+            "is empty",
+        ),
+        (
+            vec!["--record-size", "8", "--key-range", "ten"],
+            "bad key range",
+        ),
         (vec!["--record-size", "8"], "--key-range"),
-        (vec!["--record-size", "8", "--key-range", "0:10", "--key", "1,2"], "one field"),
-        (vec!["--record-size", "8", "--key-range", "0:10", "--top", "3"], "--top"),
+        (
+            vec!["--record-size", "8", "--key-range", "0:10", "--key", "1,2"],
+            "one field",
+        ),
+        (
+            vec!["--record-size", "8", "--key-range", "0:10", "--top", "3"],
+            "--top",
+        ),
     ] {
         let out = tessera(home)
             .args(["collect", "/never", "--writers", "1", "--rank", "0"])

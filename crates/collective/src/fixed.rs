@@ -208,7 +208,9 @@ pub(crate) async fn check_share(
                     .map(u64::from_le_bytes)
                     .map_err(|_| Error::Corrupt(format!("w{r}.keys: shorter than its header")))?;
                 let chunks = match usize::try_from(n) {
-                    Ok(n) if 8 + 8 * (n as u64) <= f.len() => decode_chunks(&f.read_at(8, 8 * n).await?)?,
+                    Ok(n) if 8 + 8 * (n as u64) <= f.len() => {
+                        decode_chunks(&f.read_at(8, 8 * n).await?)?
+                    }
                     _ => return Err(Error::Corrupt(format!("w{r}.keys: {n} chunks"))),
                 };
                 Ok::<_, Error>((r, f, chunks))

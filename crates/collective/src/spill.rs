@@ -251,7 +251,8 @@ impl Spiller {
         let reader = self.client.with_readahead(0);
         let mut sources = Vec::with_capacity(self.runs.len());
         for r in &self.runs {
-            let (file, index) = open_run(&reader, self.dir.child(&run_name(self.rank, r.run))).await?;
+            let (file, index) =
+                open_run(&reader, self.dir.child(&run_name(self.rank, r.run))).await?;
             sources.push(Source {
                 file,
                 from: 0,
@@ -259,7 +260,10 @@ impl Spiller {
                 count: index.end.records,
             });
         }
-        let file = self.client.open(self.dir.child("output"), &write_output()).await?;
+        let file = self
+            .client
+            .open(self.dir.child("output"), &write_output())
+            .await?;
         let (block, cap) = budget(memory, sources.len());
         let mut out = Output {
             out: Writes::new(file, offset, cap),
@@ -269,7 +273,11 @@ impl Spiller {
         // With every key empty, the merge gives the runs one after another.
         merge_into(sources, limit, block, &mut out).await?;
         let left = limit.map_or(u64::MAX, |k| k - out.records);
-        let n = self.buf.entries.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        let n = self
+            .buf
+            .entries
+            .len()
+            .min(usize::try_from(left).unwrap_or(usize::MAX));
         let end = self.record_bytes(n) as usize;
         let w = &mut out.out;
         w.file.write_at(w.at, &self.buf.data[..end]).await?;

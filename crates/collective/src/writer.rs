@@ -291,7 +291,9 @@ impl Collective {
                 }
                 p.close().await?;
                 let name = format!("w{rank}.keys");
-                self.dir.put(&self.client, rank, &name, &p.key_set()).await?;
+                self.dir
+                    .put(&self.client, rank, &name, &p.key_set())
+                    .await?;
                 (p.records, p.records * p.fixed.record_size, Vec::new())
             }
         };

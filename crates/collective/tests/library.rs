@@ -363,7 +363,15 @@ async fn unsorted_output_is_each_writers_records_at_its_offset() -> Result<()> {
         .map(|(r, &n)| records(r as u32, n, 90 + 7 * r, 1 << 20))
         .collect();
     let total: usize = all.iter().map(Vec::len).sum();
-    for top in [None, Some(0), Some(1), Some(2500), Some(3700), Some(4000), Some(9999)] {
+    for top in [
+        None,
+        Some(0),
+        Some(1),
+        Some(2500),
+        Some(3700),
+        Some(4000),
+        Some(9999),
+    ] {
         let path = format!("/plain-{top:?}");
         let outs: Vec<_> = (0..4u32)
             .map(|rank| {
@@ -390,7 +398,10 @@ async fn unsorted_output_is_each_writers_records_at_its_offset() -> Result<()> {
             let out = t.await??;
             ensure!(out.records == top.map_or(total, |k| total.min(k as usize)) as u64);
             ensure!(out.coordinators == [0, 1, 2, 3], "{out:?}");
-            ensure!(out.coordinator == Some(rank) && out.passes.is_none(), "{out:?}");
+            ensure!(
+                out.coordinator == Some(rank) && out.passes.is_none(),
+                "{out:?}"
+            );
             if rank == 0 && top.is_none() {
                 ensure!(out.runs > 3, "{out:?}");
             }
@@ -461,7 +472,10 @@ async fn fixed_size_records_are_placed_by_key_and_gaps_read_as_zeros() -> Result
     let placed: u64 = (0..3).map(|r| given(r).len() as u64).sum();
     for t in tasks {
         let out = t.await??;
-        ensure!(out.size == 5000 * size as u64 && out.records == placed, "{out:?}");
+        ensure!(
+            out.size == 5000 * size as u64 && out.records == placed,
+            "{out:?}"
+        );
     }
     let got = c.read("/fixed").await?;
     ensure!(got.len() == 5000 * size, "{} bytes", got.len());
@@ -471,10 +485,16 @@ async fn fixed_size_records_are_placed_by_key_and_gaps_read_as_zeros() -> Result
         if owned {
             ensure!(slot == fixed_record(k, size), "key {k}: {slot:?}");
         } else {
-            ensure!(slot.iter().all(|&b| b == 0), "key {k}, nobody's, is not zeros");
+            ensure!(
+                slot.iter().all(|&b| b == 0),
+                "key {k}, nobody's, is not zeros"
+            );
         }
     }
-    ensure!(c.read_dir("/").await?.len() == 1, "a working directory is left");
+    ensure!(
+        c.read_dir("/").await?.len() == 1,
+        "a working directory is left"
+    );
 
     // Bad records and keys are refused, and the writer goes on.
     let mut w = Collective::join(&c, "/fixed-bad", fixed_opts(0, 1, 8, 10..20)).await?;

@@ -28,7 +28,10 @@ pub(crate) fn collective_err(e: Error, path: &str) -> PyErr {
 }
 
 /// The fixed-size records of `tessera.collective(record_size=, key_range=)`, if given.
-pub(crate) fn fixed(record_size: Option<u64>, key_range: Option<(u64, u64)>) -> PyResult<Option<Fixed>> {
+pub(crate) fn fixed(
+    record_size: Option<u64>,
+    key_range: Option<(u64, u64)>,
+) -> PyResult<Option<Fixed>> {
     match (record_size, key_range) {
         (None, None) => Ok(None),
         (Some(record_size), Some((lo, hi))) => Ok(Some(Fixed {
