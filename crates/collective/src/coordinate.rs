@@ -97,7 +97,7 @@ async fn span(
 }
 
 /// Where records go as they come out of a merge: bytes gathered into writes of `cap`.
-trait Sink {
+pub(crate) trait Sink {
     fn push(&mut self, key: &[u8], record: &[u8]);
     fn writes(&mut self) -> &mut Writes;
 }
