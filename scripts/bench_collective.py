@@ -10,7 +10,13 @@ each emit 100-byte SAM-like records keyed by position into one output, four ways
   library; aggregation = from every writer's marker in to the output in place, as the writers
   report it), with one coordinator and with two;
 - for reference, N-to-N unsorted: every process writes its own file through the mount, and
-  `tessera cp -j N` of the N files (the library); and the collective without keys.
+  `tessera cp -j N` of the N files (the library); and the collective without keys (each
+  writer writes its own part at its offset, no merge), with the default threshold (16 MiB:
+  runs spilled and copied) and with one above a writer's records (no run);
+- fixed-size records placed by key (`tessera collect --record-size 100 --key-range 0:R`, R the
+  records in all): writer r owns a block of consecutive keys, given in a random order
+  ("blocks"), or every key k with k % N == r ("interleaved"); the output must be the records in
+  key order (checked).
 
 The sorted outputs of `sort -m` and of the collective must be identical (checked). Each timed
 phase starts after a `sync` and a second's pause (what the phase before left in the background
@@ -49,6 +55,21 @@ def records(rank: int, n: int) -> List[bytes]:
         head = f"r{rank}.{i}\t0\tchr1\t{pos}\t60\t36M\t*\t0\t0\t"
         out.append((head + "ACGT" * 20)[: RECORD - 1].encode() + b"\n")
     return out
+
+
+def keyed(k: int) -> bytes:
+    """The 100-byte fixed-size record of key `k` (the key its first field)."""
+    head = f"{k:>9}\tr{k}\t0\tchr1\t{k * 7}\t60\t36M\t*\t0\t0\t"
+    return (head + "ACGT" * 20)[: RECORD - 1].encode() + b"\n"
+
+
+def fixed_keys(rank: int, n: int, per: int, interleaved: bool) -> List[int]:
+    """The keys writer `rank` of `n` gives, `per` of them."""
+    if interleaved:
+        return list(range(rank, n * per, n))
+    keys = list(range(rank * per, (rank + 1) * per))
+    random.Random(rank).shuffle(keys)
+    return keys
 
 
 def position(line: bytes) -> int:
@@ -131,12 +152,12 @@ def measure(
     res["N files + sort -m (mount) s"] = write + merge
     res["sort -m alone s"] = merge
 
-    def collect(name: str, args: List[str]) -> Tuple[float, float]:
+    def collect(name: str, args: List[str], inputs: str = "w") -> Tuple[float, float]:
         settle()
         t = time.perf_counter()
         procs = []
         for r in range(n):
-            with open(f"{local}/w{r}.sam", "rb") as stdin:
+            with open(f"{local}/{inputs}{r}.sam", "rb") as stdin:
                 procs.append(subprocess.Popen(
                     [tessera, "collect", f"/bench/{name}", "--writers", str(n),
                      "--rank", str(r), "--json", *args],
@@ -161,8 +182,19 @@ def measure(
     for name in ("coll1.sam", "coll2.sam"):
         if not filecmp.cmp(f"{mnt}/merged.sam", f"{mnt}/bench/{name}", shallow=False):
             raise RuntimeError(f"{name} differs from sort -m's output")
-    took, _ = collect("plain.sam", [])
+    took, agg = collect("plain.sam", [])
     res["collective unsorted s"] = took
+    res["collective unsorted: aggregation s"] = agg
+    took, agg = collect("plain1.sam", ["--threshold", "1GiB"])
+    res["collective unsorted, no run s"] = took
+    res["collective unsorted, no run: aggregation s"] = agg
+    fixed = ["--record-size", str(RECORD), "--key-range", f"0:{n * per}"]
+    for kind in ("blocks", "interleaved"):
+        took, agg = collect(f"fixed-{kind}.bin", fixed, inputs=kind)
+        res[f"collective fixed-size, {kind} s"] = took
+        res[f"collective fixed-size, {kind}: aggregation s"] = agg
+        if not filecmp.cmp(f"{local}/keyed.bin", f"{mnt}/bench/fixed-{kind}.bin", shallow=False):
+            raise RuntimeError(f"fixed-{kind}.bin is not the records in key order")
 
     settle()
     res["N-to-N unsorted (mount) s"] = in_processes(n, own_file(False, "nn"))
@@ -198,6 +230,12 @@ def main() -> None:
             for r in range(n):
                 with open(f"{local}/w{r}.sam", "wb") as f:
                     f.write(b"".join(records(r, per)))
+                for kind in ("blocks", "interleaved"):
+                    with open(f"{local}/{kind}{r}.sam", "wb") as f:
+                        keys = fixed_keys(r, n, per, kind == "interleaved")
+                        f.write(b"".join(keyed(k) for k in keys))
+            with open(f"{local}/keyed.bin", "wb") as f:
+                f.write(b"".join(keyed(k) for k in range(n * per)))
             rounds = [
                 measure(tessera, mnt, local, env, n, per, size)
                 for _ in range(int(os.environ.get("ROUNDS", "3")))
@@ -205,8 +243,8 @@ def main() -> None:
             res: Dict[str, float] = {"writers": n, "MB": size / 1e6}
             for k in rounds[0]:
                 res[k] = statistics.median(r[k] for r in rounds)
-            for r in range(n):
-                os.unlink(f"{local}/w{r}.sam")
+            for name in os.listdir(local):
+                os.unlink(f"{local}/{name}")
             rows.append((str(n), res))
             print(json.dumps(res), file=sys.stderr, flush=True)
     finally:
@@ -227,6 +265,16 @@ def main() -> None:
         ("collective (1 coordinator) vs N-to-N unsorted (mount)", "N-to-N unsorted (mount) s"),
     ]:
         ratios = [res[base] / res["collective, 1 coordinator s"] for _, res in rows]
+        print(f"| speed-up: {name} | " + " | ".join(f"{r:.2f}x" for r in ratios) + " |")
+    for name, way in [
+        ("collective unsorted", "collective unsorted s"),
+        ("collective unsorted, no run", "collective unsorted, no run s"),
+        ("fixed-size, blocks", "collective fixed-size, blocks s"),
+        ("fixed-size, interleaved", "collective fixed-size, interleaved s"),
+    ]:
+        base = "N-to-N unsorted (library, cp -j N) s"
+        ratios = [res[base] / res[way] for _, res in rows]
+        name = f"{name} vs N-to-N unsorted (library)"
         print(f"| speed-up: {name} | " + " | ".join(f"{r:.2f}x" for r in ratios) + " |")
 
 

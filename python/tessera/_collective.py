@@ -11,6 +11,11 @@ when records carry keys (docs/SEMANTICS.md, "Collective output").
 
 Keys are bytes compared bytewise: encode numbers so that byte order is numeric order, e.g.
 ``pos.to_bytes(8, "big")`` for non-negative integers.
+
+Fixed-size records placed by key need no sort and no merge: with ``record_size=S`` and
+``key_range=(LO, HI)``, ``w.put(k, record)`` puts the record of key ``k`` at offset
+``(k - LO) * S`` of the output, written in place as buffers fill; a key nobody gave reads as
+zeros, a key given twice fails every writer.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from types import TracebackType
-from typing import List, Optional, Sequence, Type
+from typing import List, Optional, Sequence, Tuple, Type, Union
 
 from . import _tessera
 from ._client import Buffer, Client, _as_bytes
@@ -87,8 +92,23 @@ class Collective:
             None if keys is None else [_as_bytes(k) for k in keys],
         )
 
+    def put(self, key: int, record: Buffer) -> None:
+        """Puts the fixed-size ``record`` of ``key`` (an output opened with ``record_size``
+        and ``key_range``). A key outside the range or a record of another size raises
+        ``ValueError``; a key given twice raises :class:`CollectiveError` here and in every
+        other writer."""
+        self._raw.put(key, _as_bytes(record))
+
+    def put_many(self, keys: Sequence[int], records: Union[Sequence[Buffer], Buffer]) -> None:
+        """Puts many fixed-size records, one per key: a sequence of records, or one
+        bytes-like object holding them one after another."""
+        if isinstance(records, (bytes, bytearray, memoryview)):
+            self._raw.put_packed(list(keys), _as_bytes(records))
+        else:
+            self._raw.put_many(list(keys), [_as_bytes(r) for r in records])
+
     def flush(self) -> None:
-        """Starts writing the buffer as a run now (ARCFlush)."""
+        """Starts writing the buffer now, as a run or in place (ARCFlush)."""
         self._raw.flush()
 
     def wait(self) -> None:
@@ -131,6 +151,14 @@ class Collective:
         return f"<tessera.Collective {self.path!r} rank {self.rank} of {self.writers}>"
 
 
+def _key_range(keys: Union[Tuple[int, int], range, None]) -> Optional[Tuple[int, int]]:
+    if isinstance(keys, range):
+        if keys.step != 1:
+            raise ValueError(f"a key range has a step of 1, not {keys.step}")
+        return (keys.start, keys.stop)
+    return keys
+
+
 _default: Optional[Client] = None
 _default_lock = threading.Lock()
 
@@ -164,6 +192,8 @@ class _CollectiveApi:
         memory: int = 64 << 20,
         timeout: float = 10.0,
         join_timeout: float = 300.0,
+        record_size: Optional[int] = None,
+        key_range: Union[Tuple[int, int], range, None] = None,
     ) -> Collective:
         """Joins the collective output ``path`` (its directory must exist) as writer
         ``rank`` of ``writers``. Every writer must pass the same ``writers``, ``sorted``,
@@ -177,7 +207,9 @@ class _CollectiveApi:
         ``coordinators_per_node``: coordinators per node (host name); ``memory``: a
         coordinator's merge buffers; ``timeout``: seconds of silence after which a writer is
         taken for dead; ``join_timeout``: seconds finalisation waits for a writer that never
-        joined. ``client``: the connection (default: one shared client, configured as
+        joined. ``record_size`` and ``key_range`` (``(LO, HI)`` or ``range(LO, HI)``, HI
+        excluded): fixed-size records put by key (:meth:`Collective.put`), each at offset
+        ``(key - LO) * record_size``; neither ``sorted`` nor ``top`` then. ``client``: the connection (default: one shared client, configured as
         :class:`tessera.Client` is without arguments)."""
         raw = _client(client)._inner.collective(
             path,
@@ -191,6 +223,8 @@ class _CollectiveApi:
             memory,
             timeout,
             join_timeout,
+            record_size,
+            _key_range(key_range),
         )
         return Collective(raw)
 

@@ -176,3 +176,96 @@ def test_mpi4py_ranks_are_the_writers(
     spec.loader.exec_module(example)
     expect = reference([list(example.alignments(r, 3000)) for r in range(4)])
     assert client.cat(path) == expect
+
+
+def fixed_record(key: int, size: int = 24) -> bytes:
+    return f"key {key} ".encode().ljust(size - 1, b"#") + b"\n"
+
+
+def test_fixed_size_records_go_in_place_by_key(client: Client, base: str) -> None:
+    lo, hi, size = 50, 2050, 24
+    path = f"{base}/fixed.bin"
+
+    def body(rank: int) -> CollectiveResult:
+        w = tessera.collective(
+            path, 3, rank, client=client, record_size=size, key_range=range(lo, hi),
+            threshold=2000,
+        )
+        keys = [k for k in range(lo, hi) if k % 4 == rank]
+        random.Random(rank).shuffle(keys)
+        half = len(keys) // 2
+        for k in keys[:half]:
+            w.put(k, fixed_record(k))
+        if rank == 0:
+            w.put_many(keys[half:], b"".join(fixed_record(k) for k in keys[half:]))
+        else:
+            w.put_many(keys[half:], [fixed_record(k) for k in keys[half:]])
+        return w.finalize()
+
+    results = run_writers(3, body)
+    given = sum(1 for k in range(lo, hi) if k % 4 != 3)
+    for r in results.values():
+        assert isinstance(r, CollectiveResult), r
+        assert r.size == (hi - lo) * size and r.records == given
+    want = b"".join(
+        fixed_record(k) if k % 4 != 3 else bytes(size) for k in range(lo, hi)
+    )
+    assert client.cat(path) == want
+
+    # Bad keys and records are refused; the writer goes on.
+    with tessera.collective(
+        f"{base}/one.bin", 1, 0, client=client, record_size=4, key_range=(0, 3)
+    ) as w:
+        with pytest.raises(ValueError, match="outside the key range"):
+            w.put(3, b"abcd")
+        with pytest.raises(ValueError, match="a record of 3 bytes"):
+            w.put(0, b"abc")
+        with pytest.raises(ValueError, match="not 2 records of 4 bytes"):
+            w.put_many([0, 1], b"abcdefg")
+        with pytest.raises(ValueError):
+            w.append(b"not keyed")
+        w.put(1, b"one!")
+    assert client.cat(f"{base}/one.bin") == bytes(4) + b"one!" + bytes(4)
+
+    for bad in [
+        dict(record_size=(4 << 30) + 1, key_range=(0, 3)),
+        dict(record_size=0, key_range=(0, 3)),
+        dict(record_size=4, key_range=(3, 3)),
+        dict(record_size=4),
+        dict(record_size=4, key_range=(0, 3), sorted=True),
+        dict(record_size=4, key_range=range(0, 10, 2)),
+    ]:
+        with pytest.raises(ValueError):
+            tessera.collective(f"{base}/never", 1, 0, client=client, **bad)  # type: ignore[arg-type]
+
+
+def test_a_key_given_twice_fails_every_writer(client: Client, base: str) -> None:
+    path = f"{base}/dup.bin"
+
+    def body(rank: int) -> CollectiveResult:
+        w = tessera.collective(path, 2, rank, client=client, record_size=8, key_range=(0, 100))
+        for k in range(rank * 40, rank * 40 + 50):  # keys 40..49 from both writers
+            w.put(k, k.to_bytes(8, "big"))
+        return w.finalize()
+
+    results = run_writers(2, body)
+    for rank in (0, 1):
+        err = results[rank]
+        assert isinstance(err, CollectiveError), err
+        assert "key 40 given twice (by writers 0 and 1)" in str(err)
+    assert not client.exists(path)
+
+    def twice(rank: int) -> CollectiveResult:
+        with tessera.collective(
+            f"{base}/twice.bin", 2, rank, client=client, record_size=8, key_range=(0, 100)
+        ) as w:
+            w.put(rank, bytes(8))
+            if rank == 1:
+                w.put(1, bytes(8))
+        return w.finalize()
+
+    results = run_writers(2, twice)
+    for rank in (0, 1):
+        err = results[rank]
+        assert isinstance(err, CollectiveError), err
+        assert "key 1 given twice (both times by writer 1)" in str(err), err

@@ -1,13 +1,17 @@
 //! `tessera collect`: one writer of a collective output, fed newline-terminated records on
 //! standard input; N of them (any processes, on any nodes) make one file, sorted by the key
-//! fields if `--key` is given. `--wait`: wait for an output others make.
+//! fields if `--key` is given; or fixed-size records placed by key (`--record-size`,
+//! `--key-range`). `--wait`: wait for an output others make.
 
 use anyhow::{bail, Context, Result};
 use std::ffi::OsString;
+use std::ops::Range;
 use std::time::Duration;
 use tessera_client::Client;
 use tessera_collective::fields::KeySpec;
-use tessera_collective::{wait_output, Collective, Options, Outcome, Strategy};
+use tessera_collective::{
+    wait_output, Collective, Fixed, Options, Outcome, Strategy, MAX_RECORD_SIZE,
+};
 use tokio::io::AsyncReadExt;
 
 #[derive(clap::Args, Debug)]
@@ -29,6 +33,15 @@ pub struct CollectArgs {
     /// Keep only the first K records of the output.
     #[arg(long)]
     top: Option<u64>,
+    /// Fixed-size records of this many bytes (up to 4 GiB), placed by key: standard input is
+    /// read in records of exactly this size, each keyed by the whole number in its --key
+    /// field (default 1). Needs --key-range.
+    #[arg(long, value_parser = record_size, requires = "key_range", conflicts_with = "top")]
+    record_size: Option<u64>,
+    /// The keys of fixed-size records, LO:HI (HI excluded): the record of key K goes to
+    /// offset (K - LO) x --record-size; a key nobody gave reads as zeros.
+    #[arg(long, value_parser = key_range, requires = "record_size")]
+    key_range: Option<Range<u64>>,
     /// How coordinators are chosen: least-loaded, least, most, least-rr, most-rr.
     #[arg(long, default_value = "least-loaded")]
     strategy: Strategy,
@@ -47,7 +60,7 @@ pub struct CollectArgs {
     #[arg(long)]
     json: bool,
     /// Write nothing: wait until OUTPUT is made by its writers (or fails) and print its size.
-    #[arg(long, conflicts_with_all = ["writers", "rank", "key", "top"])]
+    #[arg(long, conflicts_with_all = ["writers", "rank", "key", "top", "record_size"])]
     wait: bool,
 }
 
@@ -63,6 +76,30 @@ fn size(s: &str) -> Result<u64, String> {
     parse_size::parse_size(s).map_err(|e| format!("bad size {s:?}: {e}"))
 }
 
+fn record_size(s: &str) -> Result<u64, String> {
+    match size(s)? {
+        0 => Err("a record of 0 bytes: records hold at least one byte".into()),
+        n if n > MAX_RECORD_SIZE => Err(format!(
+            "{s} is more than a record can hold: fixed-size records are at most 4 GiB"
+        )),
+        n => Ok(n),
+    }
+}
+
+fn key_range(s: &str) -> Result<Range<u64>, String> {
+    let bad =
+        || format!("bad key range {s:?}: LO:HI, two whole numbers, HI excluded (e.g. 0:1000)");
+    let (lo, hi) = s.split_once(':').ok_or_else(bad)?;
+    let (lo, hi): (u64, u64) = (
+        lo.parse().map_err(|_| bad())?,
+        hi.parse().map_err(|_| bad())?,
+    );
+    if lo >= hi {
+        return Err(format!("the key range {s} is empty: HI must be above LO"));
+    }
+    Ok(lo..hi)
+}
+
 /// Bytes read from standard input at a time.
 const READ: usize = 1 << 20;
 
@@ -76,8 +113,16 @@ pub async fn run(client: &Client, args: &CollectArgs) -> Result<()> {
     let (Some(writers), Some(rank)) = (args.writers, args.rank) else {
         bail!("--writers and --rank are needed");
     };
+    let fixed = match (args.record_size, &args.key_range) {
+        (Some(record_size), Some(keys)) => Some(Fixed {
+            record_size,
+            keys: keys.clone(),
+        }),
+        _ => None,
+    };
     let opts = Options {
-        sorted: args.key.is_some(),
+        sorted: args.key.is_some() && fixed.is_none(),
+        fixed: fixed.clone(),
         threshold: usize::try_from(args.threshold).context("--threshold")?,
         top: args.top,
         strategy: args.strategy,
@@ -87,10 +132,23 @@ pub async fn run(client: &Client, args: &CollectArgs) -> Result<()> {
         ..Options::new(writers, rank)
     };
     let key = args.key.clone().map(|k| k.with_separator(args.sep));
+    if fixed.is_some() && key.as_ref().is_some_and(|k| k.len() != 1) {
+        bail!("with --record-size, --key is the one field holding each record's key");
+    }
     let mut w = Collective::join(client, &output, opts).await?;
     let mut stop = crate::StopSignals::new()?;
+    let fed = async {
+        match (&fixed, &key) {
+            (Some(f), k) => {
+                let first = KeySpec::default_field().with_separator(args.sep);
+                let size = usize::try_from(f.record_size).context("--record-size")?;
+                feed_fixed(&mut w, k.as_ref().unwrap_or(&first), size).await
+            }
+            (None, k) => feed(&mut w, k.as_ref()).await,
+        }
+    };
     let fed = tokio::select! {
-        fed = feed(&mut w, key.as_ref()) => fed,
+        fed = fed => fed,
         () = stop.recv() => Err(anyhow::anyhow!("interrupted")),
     };
     if let Err(e) = fed {
@@ -145,6 +203,46 @@ async fn feed(w: &mut Collective, key: Option<&KeySpec>) -> Result<()> {
         }
         buf.drain(..at);
         if n == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// Places every record of `size` bytes of standard input in `w`, keyed by `key`.
+async fn feed_fixed(w: &mut Collective, key: &KeySpec, size: usize) -> Result<()> {
+    let mut stdin = tokio::io::stdin();
+    let mut buf: Vec<u8> = Vec::with_capacity(READ.max(size) + size);
+    let mut records = 0u64;
+    loop {
+        let start = buf.len();
+        buf.resize(start + READ.max(size), 0);
+        let n = stdin
+            .read(&mut buf[start..])
+            .await
+            .context("reading standard input")?;
+        buf.truncate(start + n);
+        let mut at = 0;
+        while buf.len() - at >= size {
+            let record = &buf[at..at + size];
+            let Some(k) = key.integer(record) else {
+                bail!(
+                    "record {records} (input bytes {} to {}): its key field is not a whole number",
+                    records * size as u64,
+                    (records + 1) * size as u64
+                );
+            };
+            w.put(k, record).await?;
+            at += size;
+            records += 1;
+        }
+        buf.drain(..at);
+        if n == 0 {
+            if !buf.is_empty() {
+                bail!(
+                    "standard input ends with {} bytes: not a whole record of {size} bytes",
+                    buf.len()
+                );
+            }
             return Ok(());
         }
     }

@@ -188,15 +188,31 @@ fn top_keeps_the_first_lines_and_the_threshold_sets_the_runs() {
     assert!(ok(home, &["cat", "/top.sam"]) == want);
 }
 
-#[test]
-fn a_killed_writer_fails_the_others_and_no_output_appears() {
-    let home = tempfile::tempdir().unwrap();
-    let home = home.path();
-    let _up = Up::start(home, &["--servers", "2", "--memory", "256MiB"]);
+/// The output of `child`, or a failure if it is still running after `secs` seconds.
+fn finish(child: Child, secs: u64) -> Output {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(out) => out.unwrap(),
+        Err(_) => panic!("a writer still runs after {secs} s: it hangs"),
+    }
+}
+
+/// Writer 1 of 3 (fed `text`, its standard input left open) dies once `ready` is in the
+/// working directory; writers 0 and 2 (fed `others`) must fail naming it, in bounded time.
+fn a_killed_writer_fails_the_others(
+    home: &Path,
+    output: &str,
+    extra: &[&str],
+    text: &[u8],
+    others: &[u8],
+    ready: &str,
+) {
     let spawn = |rank: &str| {
         tessera(home)
-            .args(["collect", "/k.sam", "--writers", "3", "--rank", rank])
-            .args(["--key", "3,4n", "--timeout", "2s", "--threshold", "16KiB"])
+            .args(["collect", output, "--writers", "3", "--rank", rank])
+            .args(["--timeout", "2s"])
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -204,22 +220,15 @@ fn a_killed_writer_fails_the_others_and_no_output_appears() {
             .unwrap()
     };
     let mut victim = spawn("1");
-    let text: String = sam(1, 1000).iter().map(|l| format!("{l}\n")).collect();
-    victim
-        .stdin
-        .as_mut()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    // Once it has joined and spilled a run, it dies mid-way (its standard input still open).
-    let deadline = Instant::now() + Duration::from_secs(60);
+    victim.stdin.as_mut().unwrap().write_all(text).unwrap();
+    // Once it has joined and written something, it dies mid-way (its standard input open).
+    let name = output.trim_start_matches('/');
+    let dir = format!("/.tessera-collective.{name}");
+    let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let ls = tessera(home)
-            .args(["ls", "/.tessera-collective.k.sam"])
-            .output()
-            .unwrap();
+        let ls = tessera(home).args(["ls", &dir]).output().unwrap();
         let ls = String::from_utf8_lossy(&ls.stdout).into_owned();
-        if ls.contains("w1.alive") && ls.contains("w1.r0") {
+        if ls.contains("w1.alive") && ls.contains(ready) {
             break;
         }
         assert!(Instant::now() < deadline, "writer 1 never got going: {ls}");
@@ -231,25 +240,251 @@ fn a_killed_writer_fails_the_others_and_no_output_appears() {
         .iter()
         .map(|r| {
             let mut c = spawn(r);
-            let text: String = sam(0, 500).iter().map(|l| format!("{l}\n")).collect();
             let mut stdin = c.stdin.take().unwrap();
-            stdin.write_all(text.as_bytes()).unwrap();
+            stdin.write_all(others).unwrap();
             c
         })
         .collect();
     for c in others {
-        let out = c.wait_with_output().unwrap();
+        let out = finish(c, 120);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "a writer succeeded without writer 1");
         assert!(err.contains("writer 1 stopped"), "{err}");
     }
-    let stat = tessera(home).args(["stat", "/k.sam"]).output().unwrap();
+    let stat = tessera(home).args(["stat", output]).output().unwrap();
     assert!(!stat.status.success(), "an output appeared");
     // A reader waiting for the output is told why.
     let wait = tessera(home)
-        .args(["collect", "/k.sam", "--wait"])
-        .output()
-        .unwrap();
+        .args(["collect", output, "--wait"])
+        .spawn_output();
     assert!(!wait.status.success());
     assert!(String::from_utf8_lossy(&wait.stderr).contains("writer 1 stopped"));
+}
+
+trait SpawnOutput {
+    fn spawn_output(&mut self) -> Output;
+}
+
+impl SpawnOutput for Command {
+    /// `output()`, failing the test if it runs for more than two minutes.
+    fn spawn_output(&mut self) -> Output {
+        let child = self
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        finish(child, 120)
+    }
+}
+
+fn lines(all: &[String]) -> Vec<u8> {
+    all.iter()
+        .flat_map(|l| format!("{l}\n").into_bytes())
+        .collect()
+}
+
+#[test]
+fn a_killed_writer_fails_the_others_and_no_output_appears() {
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    let _up = Up::start(home, &["--servers", "2", "--memory", "256MiB"]);
+    let sorted = ["--key", "3,4n", "--threshold", "16KiB"];
+    let (victim, others) = (lines(&sam(1, 1000)), lines(&sam(0, 500)));
+    a_killed_writer_fails_the_others(home, "/k.sam", &sorted, &victim, &others, "w1.r0");
+    // Without keys: the same, though nobody merges.
+    let plain = ["--threshold", "16KiB"];
+    a_killed_writer_fails_the_others(home, "/k.txt", &plain, &victim, &others, "w1.r0");
+    // Fixed-size records: writer 1 has written some in place.
+    let fixed = [
+        "--record-size",
+        "32",
+        "--key-range",
+        "0:3000",
+        "--threshold",
+        "4KiB",
+    ];
+    let (victim, others) = (records(1..1000, 32), records(0..0, 32));
+    a_killed_writer_fails_the_others(home, "/k.bin", &fixed, &victim, &others, "output");
+}
+
+/// Fixed-size records of `size` bytes for `keys`: the key, a word, padding, a newline.
+fn records(keys: impl IntoIterator<Item = u64>, size: usize) -> Vec<u8> {
+    keys.into_iter().flat_map(|k| record(k, size)).collect()
+}
+
+fn record(key: u64, size: usize) -> Vec<u8> {
+    let mut r = format!("{key:>7} rec{key} ").into_bytes();
+    r.resize(size - 1, b'.');
+    r.push(b'\n');
+    r
+}
+
+#[test]
+fn fixed_size_records_go_in_place_by_key() {
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    let _up = Up::start(home, &["--servers", "3", "--memory", "256MiB"]);
+    // Keys 100..5100 of 40-byte records; writer r gives the keys k with k % 5 == r (out of
+    // order: descending for writer 1), and nobody those with k % 5 == 3 or 4.
+    let (size, lo, hi) = (40usize, 100u64, 5100u64);
+    let given = |r: u64| -> Vec<u64> {
+        let ks: Vec<u64> = (lo..hi).filter(|k| k % 5 == r).collect();
+        if r == 1 {
+            ks.into_iter().rev().collect()
+        } else {
+            ks
+        }
+    };
+    let range = format!("{lo}:{hi}");
+    let args = |rank: u64| {
+        vec![
+            "collect".to_string(),
+            "/fixed.txt".into(),
+            "--writers".into(),
+            "3".into(),
+            "--rank".into(),
+            rank.to_string(),
+            "--record-size".into(),
+            size.to_string(),
+            "--key-range".into(),
+            range.clone(),
+            "--threshold".into(),
+            "8KiB".into(),
+            "--json".into(),
+        ]
+    };
+    let children: Vec<Child> = (0..3)
+        .map(|r| {
+            let mut c = tessera(home)
+                .args(args(r))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut stdin = c.stdin.take().unwrap();
+            let text = records(given(r), size);
+            std::thread::spawn(move || stdin.write_all(&text));
+            c
+        })
+        .collect();
+    for c in children {
+        let j = json(&finish(c, 300));
+        assert_eq!(j["size"], (hi - lo) * size as u64, "{j}");
+        assert_eq!(j["records"], 3000, "{j}");
+    }
+    let got = ok(home, &["cat", "/fixed.txt"]);
+    let want: Vec<u8> = (lo..hi)
+        .flat_map(|k| {
+            if k % 5 < 3 {
+                record(k, size)
+            } else {
+                vec![0; size]
+            }
+        })
+        .collect();
+    assert!(
+        got == want,
+        "not the records in place by key, zeros between"
+    );
+
+    // A key two writers give fails both, naming it.
+    let dup = [records([7, 9, 11], 16), records([8, 9, 10], 16)];
+    let children: Vec<Child> = dup
+        .iter()
+        .enumerate()
+        .map(|(r, text)| {
+            let mut c = tessera(home)
+                .args([
+                    "collect",
+                    "/dup.bin",
+                    "--writers",
+                    "2",
+                    "--rank",
+                    &r.to_string(),
+                ])
+                .args(["--record-size", "16", "--key-range", "0:20"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            c.stdin.take().unwrap().write_all(text).unwrap();
+            c
+        })
+        .collect();
+    for c in children {
+        let out = finish(c, 120);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            err.contains("key 9 given twice (by writers 0 and 1)"),
+            "{err}"
+        );
+    }
+    let stat = tessera(home).args(["stat", "/dup.bin"]).output().unwrap();
+    assert!(!stat.status.success(), "an output appeared");
+
+    // Nonsense is refused in plain words, before anything is joined.
+    for (flags, why) in [
+        (
+            vec!["--record-size", "5GiB", "--key-range", "0:10"],
+            "at most 4 GiB",
+        ),
+        (
+            vec!["--record-size", "lots", "--key-range", "0:10"],
+            "bad size",
+        ),
+        (
+            vec!["--record-size", "0", "--key-range", "0:10"],
+            "at least one byte",
+        ),
+        (
+            vec!["--record-size", "8", "--key-range", "10:10"],
+            "is empty",
+        ),
+        (
+            vec!["--record-size", "8", "--key-range", "ten"],
+            "bad key range",
+        ),
+        (vec!["--record-size", "8"], "--key-range"),
+        (
+            vec!["--record-size", "8", "--key-range", "0:10", "--key", "1,2"],
+            "one field",
+        ),
+        (
+            vec!["--record-size", "8", "--key-range", "0:10", "--top", "3"],
+            "--top",
+        ),
+    ] {
+        let out = tessera(home)
+            .args(["collect", "/never", "--writers", "1", "--rank", "0"])
+            .args(&flags)
+            .stdin(Stdio::null())
+            .spawn_output();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?} was taken");
+        assert!(err.contains(why), "{flags:?}: {err}");
+    }
+    // A record cut short at the end of the input fails the writer.
+    let mut c = tessera(home)
+        .args(["collect", "/short.bin", "--writers", "1", "--rank", "0"])
+        .args(["--record-size", "16", "--key-range", "0:10"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut text = records([1, 2], 16);
+    text.truncate(20);
+    c.stdin.take().unwrap().write_all(&text).unwrap();
+    let out = finish(c, 120);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a whole record of 16 bytes"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listing = String::from_utf8(ok(home, &["ls", "/"])).unwrap();
+    assert!(!listing.contains("never"), "{listing}");
 }

@@ -21,18 +21,27 @@ const MAX_BLOCK: usize = 4 << 20;
 pub const MIN_MEMORY: usize = 8 * MIN_BLOCK;
 /// Runs opened at once while reading their indexes.
 const OPENING: usize = 16;
+/// How the output is opened: by many writers at once, each at its own offsets.
+pub(crate) fn write_output() -> OpenOptions {
+    OpenOptions {
+        read: false,
+        write: true,
+        create: true,
+        ..OpenOptions::default()
+    }
+}
 
 /// A source of a merge: entries `from..to` (byte offsets) of a run file, `count` of them.
-struct Source {
-    file: File,
-    from: u64,
-    to: u64,
-    count: u64,
+pub(crate) struct Source {
+    pub file: File,
+    pub from: u64,
+    pub to: u64,
+    pub count: u64,
 }
 
 /// How a coordinator spends its memory on `k` sources: the block each is read in (a source
 /// holds about three: one read, one queued, one in the merge) and the output buffer.
-fn budget(memory: usize, k: usize) -> (usize, usize) {
+pub(crate) fn budget(memory: usize, k: usize) -> (usize, usize) {
     let out = (memory / 4).clamp(MIN_BLOCK, MAX_BLOCK);
     let block = ((memory - out) / (3 * k.max(1))).clamp(MIN_BLOCK, MAX_BLOCK);
     (block, out)
@@ -45,7 +54,7 @@ fn fan_in(memory: usize) -> usize {
 }
 
 /// A run file open for reading, with its index.
-async fn open_run(reader: &Client, path: Vec<u8>) -> Result<(File, RunIndex)> {
+pub(crate) async fn open_run(reader: &Client, path: Vec<u8>) -> Result<(File, RunIndex)> {
     let mut f = reader.open(&path, &OpenOptions::read()).await?;
     let size = f.len();
     let name = String::from_utf8_lossy(&path).into_owned();
@@ -88,21 +97,21 @@ async fn span(
 }
 
 /// Where records go as they come out of a merge: bytes gathered into writes of `cap`.
-trait Sink {
+pub(crate) trait Sink {
     fn push(&mut self, key: &[u8], record: &[u8]);
     fn writes(&mut self) -> &mut Writes;
 }
 
 /// A file written from an offset on, in writes of `cap` bytes.
-struct Writes {
-    file: File,
-    at: u64,
+pub(crate) struct Writes {
+    pub file: File,
+    pub at: u64,
     buf: Vec<u8>,
     cap: usize,
 }
 
 impl Writes {
-    fn new(file: File, at: u64, cap: usize) -> Self {
+    pub fn new(file: File, at: u64, cap: usize) -> Self {
         Self {
             file,
             at,
@@ -126,10 +135,10 @@ impl Writes {
 }
 
 /// The output file from an offset on: records only.
-struct Output {
-    out: Writes,
-    records: u64,
-    bytes: u64,
+pub(crate) struct Output {
+    pub out: Writes,
+    pub records: u64,
+    pub bytes: u64,
 }
 
 impl Sink for Output {
@@ -182,7 +191,7 @@ fn read_ahead(mut s: Source, block: usize) -> mpsc::Receiver<Result<bytes::Bytes
 }
 
 /// Merges `sources` into `sink`, up to `limit` records; returns the records merged.
-async fn merge_into(
+pub(crate) async fn merge_into(
     sources: Vec<Source>,
     limit: Option<u64>,
     block: usize,
@@ -296,13 +305,7 @@ pub async fn coordinate(
     let (records, bytes) = if sources.is_empty() {
         (0, 0)
     } else {
-        let opts = OpenOptions {
-            read: false,
-            write: true,
-            create: true,
-            ..OpenOptions::default()
-        };
-        let file = client.open(dir.child("output"), &opts).await?;
+        let file = client.open(dir.child("output"), &write_output()).await?;
         let mut out = Output {
             out: Writes::new(file, offset, cap),
             records: 0,

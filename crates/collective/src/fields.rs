@@ -47,6 +47,18 @@ impl FromStr for KeySpec {
 }
 
 impl KeySpec {
+    /// Field 1 as text: the default key of fixed-size records.
+    #[must_use]
+    pub fn default_field() -> Self {
+        Self {
+            fields: vec![Field {
+                index: 0,
+                numeric: false,
+            }],
+            sep: None,
+        }
+    }
+
     /// Fields separated by exactly `sep` (a tab: `b'\t'`) instead of runs of blanks.
     #[must_use]
     pub fn with_separator(mut self, sep: Option<u8>) -> Self {
@@ -54,16 +66,40 @@ impl KeySpec {
         self
     }
 
+    /// Field `index` (from 0) of `line`.
+    fn field<'a>(&self, line: &'a [u8], index: usize) -> Option<&'a [u8]> {
+        match self.sep {
+            Some(c) => line.split(|&b| b == c).nth(index),
+            None => line
+                .split(|&b| b == b' ' || b == b'\t' || b == b'\n')
+                .filter(|f| !f.is_empty())
+                .nth(index),
+        }
+    }
+
+    /// How many fields make the key.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.fields.len()
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.fields.is_empty()
+    }
+
+    /// The whole number (decimal, blanks around it ignored) in the first key field of
+    /// `record`: the key of a fixed-size record.
+    #[must_use]
+    pub fn integer(&self, record: &[u8]) -> Option<u64> {
+        let f = self.field(record, self.fields.first()?.index)?;
+        std::str::from_utf8(f).ok()?.trim().parse().ok()
+    }
+
     /// Appends the key of `line` (without its newline) to `out`.
     pub fn key(&self, line: &[u8], out: &mut Vec<u8>) {
         for f in &self.fields {
-            let field = match self.sep {
-                Some(c) => line.split(|&b| b == c).nth(f.index),
-                None => line
-                    .split(|&b| b == b' ' || b == b'\t')
-                    .filter(|f| !f.is_empty())
-                    .nth(f.index),
-            };
+            let field = self.field(line, f.index);
             if f.numeric {
                 let n = field
                     .and_then(|b| std::str::from_utf8(b).ok())
@@ -149,6 +185,16 @@ mod tests {
                 "r1\t0\tchr2\t100\t60"
             ]
         );
+    }
+
+    #[test]
+    fn whole_numbers_key_fixed_size_records() {
+        let spec = "2".parse::<KeySpec>().unwrap();
+        assert_eq!(spec.integer(b"x 42   \n"), Some(42));
+        assert_eq!(spec.integer(b"x -1\n"), None);
+        assert_eq!(spec.integer(b"x"), None);
+        let tab = spec.with_separator(Some(b'\t'));
+        assert_eq!(tab.integer(b"a\t 7 \tb"), Some(7));
     }
 
     #[test]

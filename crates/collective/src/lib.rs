@@ -25,16 +25,21 @@ pub mod choose;
 mod coordinate;
 mod dir;
 pub mod fields;
+mod finish;
+mod fixed;
+pub mod keys;
 pub mod marker;
 pub mod merge;
 pub mod order;
 pub mod plan;
 pub mod run;
+mod spill;
 mod watch;
 mod writer;
 
 pub use choose::Strategy;
-pub use writer::{wait_output, Collective};
+pub use finish::wait_output;
+pub use writer::Collective;
 
 use std::time::Duration;
 
@@ -67,8 +72,57 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Fixed-size records placed by key: a record with key `k` goes to offset `(k - keys.start) *
+/// record_size` of the output, written in place as buffers fill (no sort, no merge). The
+/// output is `(keys.end - keys.start) * record_size` bytes; a key nobody gave reads as zeros.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Fixed {
+    /// Bytes of every record, 1 to [`MAX_RECORD_SIZE`].
+    pub record_size: u64,
+    /// The keys records may have, `[start, end)`.
+    pub keys: std::ops::Range<u64>,
+}
+
+/// The largest fixed record size.
+pub const MAX_RECORD_SIZE: u64 = 4 << 30;
+
+impl Fixed {
+    /// Bytes of the whole output.
+    #[must_use]
+    pub fn size(&self) -> u64 {
+        (self.keys.end - self.keys.start) * self.record_size
+    }
+
+    fn check(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Invalid(m));
+        if self.record_size == 0 || self.record_size > MAX_RECORD_SIZE {
+            return bad(format!(
+                "a record size of {} bytes: fixed-size records hold from 1 byte to 4 GiB",
+                self.record_size
+            ));
+        }
+        if self.keys.start >= self.keys.end {
+            return bad(format!(
+                "the key range {}:{} is empty: the end must be above the start",
+                self.keys.start, self.keys.end
+            ));
+        }
+        let fits = (self.keys.end - self.keys.start)
+            .checked_mul(self.record_size)
+            .is_some_and(|n| n <= i64::MAX as u64);
+        if !fits {
+            return bad(format!(
+                "{} keys of {} bytes make an output larger than a file can be",
+                self.keys.end - self.keys.start,
+                self.record_size
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// How a writer takes part in a collective output. Every writer of one output must give the
-/// same `writers`, `sorted`, `top`, `strategy` and `coordinators_per_node`.
+/// same `writers`, `sorted`, `top`, `fixed`, `strategy` and `coordinators_per_node`.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// Writers taking part (as an MPI communicator's size).
@@ -81,6 +135,9 @@ pub struct Options {
     pub threshold: usize,
     /// Keep only the first `top` records of the output order.
     pub top: Option<u64>,
+    /// Fixed-size records placed by key ([`Fixed`]) instead of records of any size; neither
+    /// `sorted` nor `top` then.
+    pub fixed: Option<Fixed>,
     pub strategy: Strategy,
     /// Coordinators per node (node = host name).
     pub coordinators_per_node: usize,
@@ -102,6 +159,7 @@ impl Options {
             sorted: false,
             threshold: 16 << 20,
             top: None,
+            fixed: None,
             strategy: Strategy::default(),
             coordinators_per_node: 1,
             memory: 64 << 20,
@@ -128,6 +186,14 @@ impl Options {
                 watch::HEARTBEAT
             ));
         }
+        if let Some(f) = &self.fixed {
+            if self.sorted || self.top.is_some() {
+                return bad(
+                    "fixed-size records are placed by key: sorted and top do not apply".into(),
+                );
+            }
+            f.check()?;
+        }
         if self.memory < coordinate::MIN_MEMORY {
             return bad(format!(
                 "a coordinator needs at least {} KiB of memory",
@@ -145,7 +211,8 @@ pub struct Outcome {
     pub size: u64,
     /// Records in it.
     pub records: u64,
-    /// The coordinators, by rank, in the order of their ranges.
+    /// The coordinators, by rank, in the order of their ranges. Without keys, and for
+    /// fixed-size records, every writer writes (or checks) its own part: all ranks.
     pub coordinators: Vec<u32>,
     /// This writer's coordinator index, if it was one.
     pub coordinator: Option<usize>,
@@ -155,9 +222,10 @@ pub struct Outcome {
     pub waited: Duration,
     /// From then until the output was in place: aggregation (merge and writes) alone.
     pub aggregation: Duration,
-    /// This writer's own merge, if it was a coordinator.
+    /// This writer's own merge, if it was a coordinator (without keys: the writes of its
+    /// part; fixed-size records: its check of its share of the keys).
     pub merge: Option<Duration>,
-    /// Its merge passes, if it was a coordinator: more than one when its runs were too many
-    /// for its memory at once.
+    /// Its merge passes, if it merged: more than one when its runs were too many for its
+    /// memory at once.
     pub passes: Option<u32>,
 }

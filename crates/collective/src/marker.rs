@@ -29,6 +29,8 @@ pub struct Agreed {
     pub writers: u32,
     pub sorted: bool,
     pub top: Option<u64>,
+    #[serde(default)]
+    pub fixed: Option<crate::Fixed>,
     pub strategy: Strategy,
     pub coordinators_per_node: usize,
 }
@@ -167,6 +169,7 @@ mod tests {
                 writers: 4,
                 sorted: true,
                 top: Some(5),
+                fixed: None,
                 strategy: Strategy::MostRr,
                 coordinators_per_node: 2,
             },

@@ -140,6 +140,7 @@ mod tests {
                     writers: writers as u32,
                     sorted: true,
                     top: None,
+                    fixed: None,
                     strategy: Strategy::Least,
                     coordinators_per_node: 1,
                 },

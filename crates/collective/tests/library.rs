@@ -4,7 +4,7 @@
 use anyhow::{ensure, Result};
 use std::time::Duration;
 use tessera_client::{Client, ClientOptions};
-use tessera_collective::{wait_output, Collective, Error, Options, Outcome, Strategy};
+use tessera_collective::{wait_output, Collective, Error, Fixed, Options, Outcome, Strategy};
 use tessera_testkit::{Cluster, ClusterSpec};
 
 const MIB: usize = 1 << 20;
@@ -347,5 +347,251 @@ async fn mirrors_hold_the_output_after_a_server_is_killed_at_finalisation() -> R
         out?;
     }
     ensure!(c.read("/mirrored").await? == reference(&all, true, None));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unsorted_output_is_each_writers_records_at_its_offset() -> Result<()> {
+    let cluster = small_cluster()?;
+    let c = client(&cluster).await?;
+    // Writer 0 spills many runs, writer 1 none (all buffered), writer 2 nothing at all,
+    // writer 3 a run and a buffer: every writer's part goes in at its offset, rank after
+    // rank.
+    let all: Vec<_> = [3000, 700, 0, 1500]
+        .iter()
+        .enumerate()
+        .map(|(r, &n)| records(r as u32, n, 90 + 7 * r, 1 << 20))
+        .collect();
+    let total: usize = all.iter().map(Vec::len).sum();
+    for top in [
+        None,
+        Some(0),
+        Some(1),
+        Some(2500),
+        Some(3700),
+        Some(4000),
+        Some(9999),
+    ] {
+        let path = format!("/plain-{top:?}");
+        let outs: Vec<_> = (0..4u32)
+            .map(|rank| {
+                let c = c.clone();
+                let recs = all[rank as usize].clone();
+                let path = path.clone();
+                let threshold = [50_000, 1 << 30, 1000, 200_000][rank as usize];
+                tokio::spawn(async move {
+                    let opts = Options {
+                        threshold,
+                        top,
+                        rank,
+                        ..Options::new(4, 0)
+                    };
+                    let mut w = Collective::join(&c, &path, opts).await?;
+                    for (_, r) in &recs {
+                        w.append(r, None).await?;
+                    }
+                    w.finalise().await
+                })
+            })
+            .collect();
+        for (rank, t) in outs.into_iter().enumerate() {
+            let out = t.await??;
+            ensure!(out.records == top.map_or(total, |k| total.min(k as usize)) as u64);
+            ensure!(out.coordinators == [0, 1, 2, 3], "{out:?}");
+            ensure!(
+                out.coordinator == Some(rank) && out.passes.is_none(),
+                "{out:?}"
+            );
+            if rank == 0 && top.is_none() {
+                ensure!(out.runs > 3, "{out:?}");
+            }
+        }
+        ensure!(
+            c.read(&path).await? == reference(&all, false, top),
+            "top {top:?}: not the writers' records rank after rank"
+        );
+    }
+    Ok(())
+}
+
+/// Fixed-size record of `key`: its key in text, padded to `size` bytes.
+fn fixed_record(key: u64, size: usize) -> Vec<u8> {
+    let mut r = format!("key {key} ").into_bytes();
+    r.resize(size - 1, b'#');
+    r.push(b'\n');
+    r
+}
+
+fn fixed_opts(rank: u32, writers: u32, size: u64, keys: std::ops::Range<u64>) -> Options {
+    Options {
+        fixed: Some(Fixed {
+            record_size: size,
+            keys,
+        }),
+        threshold: 4000,
+        rank,
+        ..Options::new(writers, 0)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fixed_size_records_are_placed_by_key_and_gaps_read_as_zeros() -> Result<()> {
+    let cluster = small_cluster()?;
+    let c = client(&cluster).await?;
+    // 3 writers, keys 1000..6000 of 24-byte records: writer r gives the keys k with
+    // k % 4 == r, in a shuffled order, and writer 0 also a block of consecutive keys of
+    // its own; keys with k % 4 == 3 (but that block) are nobody's.
+    let (size, keys) = (24usize, 1000u64..6000);
+    let given = |r: u64| -> Vec<u64> {
+        let mut ks: Vec<u64> = keys.clone().filter(|k| k % 4 == r).collect();
+        if r == 0 {
+            ks.extend((3000..3400).filter(|k| k % 4 == 3));
+        }
+        let mut x = r + 7;
+        for i in (1..ks.len()).rev() {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            ks.swap(i, (x >> 33) as usize % (i + 1));
+        }
+        ks
+    };
+    let tasks: Vec<_> = (0..3u32)
+        .map(|rank| {
+            let c = c.clone();
+            let ks = given(u64::from(rank));
+            let keys = keys.clone();
+            tokio::spawn(async move {
+                let mut w =
+                    Collective::join(&c, "/fixed", fixed_opts(rank, 3, size as u64, keys)).await?;
+                for k in ks {
+                    w.put(k, &fixed_record(k, size)).await?;
+                }
+                w.finalise().await
+            })
+        })
+        .collect();
+    let placed: u64 = (0..3).map(|r| given(r).len() as u64).sum();
+    for t in tasks {
+        let out = t.await??;
+        ensure!(
+            out.size == 5000 * size as u64 && out.records == placed,
+            "{out:?}"
+        );
+    }
+    let got = c.read("/fixed").await?;
+    ensure!(got.len() == 5000 * size, "{} bytes", got.len());
+    for k in keys.clone() {
+        let slot = &got[(k - keys.start) as usize * size..][..size];
+        let owned = k % 4 != 3 || (3000..3400).contains(&k);
+        if owned {
+            ensure!(slot == fixed_record(k, size), "key {k}: {slot:?}");
+        } else {
+            ensure!(
+                slot.iter().all(|&b| b == 0),
+                "key {k}, nobody's, is not zeros"
+            );
+        }
+    }
+    ensure!(
+        c.read_dir("/").await?.len() == 1,
+        "a working directory is left"
+    );
+
+    // Bad records and keys are refused, and the writer goes on.
+    let mut w = Collective::join(&c, "/fixed-bad", fixed_opts(0, 1, 8, 10..20)).await?;
+    for (k, r, why) in [
+        (9, &b"12345678"[..], "outside the key range 10:20"),
+        (20, b"12345678", "outside the key range"),
+        (10, b"1234567", "a record of 7 bytes"),
+    ] {
+        match w.put(k, r).await {
+            Err(Error::Invalid(m)) => ensure!(m.contains(why), "{m}"),
+            other => anyhow::bail!("key {k}: {other:?}"),
+        }
+    }
+    ensure!(matches!(w.push(b"x", None), Err(Error::Invalid(_))));
+    w.put(19, b"nineteen").await?;
+    ensure!(w.finalise().await?.size == 80);
+    ensure!(c.read("/fixed-bad").await?[72..] == *b"nineteen");
+    // Records of any size take no key.
+    let mut w = Collective::join(&c, "/any", Options::new(1, 0)).await?;
+    ensure!(matches!(w.put(1, b"x").await, Err(Error::Invalid(_))));
+    w.abort("done").await?;
+
+    // Options that make no sense are refused before anything is written.
+    let bad = [
+        fixed_opts(0, 1, 0, 0..10),
+        fixed_opts(0, 1, (4 << 30) + 1, 0..10),
+        fixed_opts(0, 1, 8, 10..10),
+        fixed_opts(0, 1, 1 << 20, 0..u64::MAX),
+        Options {
+            sorted: true,
+            ..fixed_opts(0, 1, 8, 0..10)
+        },
+        Options {
+            top: Some(3),
+            ..fixed_opts(0, 1, 8, 0..10)
+        },
+    ];
+    for opts in bad {
+        match Collective::join(&c, "/never", opts.clone()).await {
+            Err(Error::Invalid(_)) => {}
+            other => anyhow::bail!("{opts:?}: {:?}", other.map(|_| ())),
+        }
+    }
+    ensure!(c.stat("/.tessera-collective.never").await.is_err());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_given_twice_fails_every_writer_naming_it() -> Result<()> {
+    let cluster = small_cluster()?;
+    let c = client(&cluster).await?;
+    // Keys 0..400,000 of 4 bytes: several chunks of keys, checked by several writers. Writer
+    // r gives the blocks of 1000 keys b with b % 3 == r; in "across", writer 2 also gives
+    // 250,000 (writer 1's); in "within", writer 2 gives 299,999 twice.
+    for case in ["across", "within"] {
+        let path = format!("/dup-{case}");
+        let tasks: Vec<_> = (0..3u64)
+            .map(|rank| {
+                let (c, path) = (c.clone(), path.clone());
+                tokio::spawn(async move {
+                    let opts = Options {
+                        threshold: 64 << 10,
+                        ..fixed_opts(rank as u32, 3, 4, 0..400_000)
+                    };
+                    let mut w = Collective::join(&c, &path, opts).await?;
+                    let mut keys: Vec<u64> = (0..400)
+                        .filter(|b| b % 3 == rank)
+                        .flat_map(|b| b * 1000..(b + 1) * 1000)
+                        .collect();
+                    match (case, rank) {
+                        ("across", 2) => keys.push(250_000),
+                        ("within", 2) => keys.push(299_999),
+                        _ => {}
+                    }
+                    for k in keys {
+                        w.put(k, &(k as u32).to_be_bytes()).await?;
+                    }
+                    w.finalise().await
+                })
+            })
+            .collect();
+        let want = if case == "across" {
+            "key 250000 given twice (by writers 1 and 2)"
+        } else {
+            "key 299999 given twice (both times by writer 2)"
+        };
+        for (rank, t) in tasks.into_iter().enumerate() {
+            match t.await? {
+                Err(Error::Failed(why)) => ensure!(why.contains(want), "{case} {rank}: {why}"),
+                other => anyhow::bail!("{case}, writer {rank}: {:?}", other.map(|o| o.size)),
+            }
+        }
+        ensure!(c.stat(&path).await.is_err(), "{case}: an output appeared");
+        match wait_output(&c, &path, Some(Duration::from_secs(60))).await {
+            Err(Error::Failed(why)) => ensure!(why.contains(want), "{why}"),
+            other => anyhow::bail!("wait_output: {other:?}"),
+        }
+    }
     Ok(())
 }

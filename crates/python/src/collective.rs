@@ -7,7 +7,7 @@ use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use tessera_collective::{Collective, Error, Outcome};
+use tessera_collective::{Collective, Error, Fixed, Outcome};
 
 pyo3::create_exception!(
     _tessera,
@@ -24,6 +24,23 @@ pub(crate) fn collective_err(e: Error, path: &str) -> PyErr {
         e @ (Error::Failed(_) | Error::Corrupt(_)) => {
             CollectiveError::new_err((e.errno(), e.to_string(), path.to_string()))
         }
+    }
+}
+
+/// The fixed-size records of `tessera.collective(record_size=, key_range=)`, if given.
+pub(crate) fn fixed(
+    record_size: Option<u64>,
+    key_range: Option<(u64, u64)>,
+) -> PyResult<Option<Fixed>> {
+    match (record_size, key_range) {
+        (None, None) => Ok(None),
+        (Some(record_size), Some((lo, hi))) => Ok(Some(Fixed {
+            record_size,
+            keys: lo..hi,
+        })),
+        _ => Err(PyValueError::new_err(
+            "fixed-size records need both record_size and key_range",
+        )),
     }
 }
 
@@ -57,6 +74,23 @@ impl PyCollective {
         let full = w
             .push(record, key)
             .map_err(|e| collective_err(e, &self.path))?;
+        if full {
+            py.detach(|| runtime().block_on(w.flush()))
+                .map_err(|e| collective_err(e, &self.path))?;
+        }
+        Ok(())
+    }
+}
+
+impl PyCollective {
+    /// `place` the record of `key`; when the buffer is full, flush it with the GIL released.
+    /// A key given twice: the flush records it as the output's error, and raises.
+    fn place(&self, py: Python<'_>, w: &mut Collective, key: u64, record: &[u8]) -> PyResult<()> {
+        let full = match w.place(key, record) {
+            Ok(full) => full,
+            Err(Error::Failed(_)) => true,
+            Err(e) => return Err(collective_err(e, &self.path)),
+        };
         if full {
             py.detach(|| runtime().block_on(w.flush()))
                 .map_err(|e| collective_err(e, &self.path))?;
@@ -119,6 +153,46 @@ impl PyCollective {
         for (i, r) in records.iter().enumerate() {
             let key = keys.as_ref().map(|k| k[i].as_bytes());
             self.add(py, &mut w, r.as_bytes(), key)?;
+        }
+        Ok(())
+    }
+
+    /// Puts the fixed-size record of `key`.
+    fn put(&self, py: Python<'_>, key: u64, record: &[u8]) -> PyResult<()> {
+        let mut w = self.lock();
+        self.place(py, &mut w, key, record)
+    }
+
+    /// Puts many fixed-size records, one per key.
+    fn put_many(
+        &self,
+        py: Python<'_>,
+        keys: Vec<u64>,
+        records: Vec<Bound<'_, PyBytes>>,
+    ) -> PyResult<()> {
+        if keys.len() != records.len() {
+            return Err(PyValueError::new_err("records and keys differ in length"));
+        }
+        let mut w = self.lock();
+        for (k, r) in keys.into_iter().zip(&records) {
+            self.place(py, &mut w, k, r.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Puts many fixed-size records given one after another in `data`, one per key.
+    fn put_packed(&self, py: Python<'_>, keys: Vec<u64>, data: &[u8]) -> PyResult<()> {
+        let mut w = self.lock();
+        let size = w.options().fixed.as_ref().map_or(0, |f| f.record_size);
+        if (keys.len() as u64).checked_mul(size) != Some(data.len() as u64) {
+            return Err(PyValueError::new_err(format!(
+                "{} bytes are not {} records of {size} bytes",
+                data.len(),
+                keys.len()
+            )));
+        }
+        for (k, r) in keys.into_iter().zip(data.chunks_exact(size as usize)) {
+            self.place(py, &mut w, k, r)?;
         }
         Ok(())
     }

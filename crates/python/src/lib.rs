@@ -17,7 +17,7 @@ mod trace;
 
 use batch::{outcomes, run_all};
 use bytes::Bytes;
-use collective::{collective_err, CollectiveError, PyCollective};
+use collective::{collective_err, fixed, CollectiveError, PyCollective};
 use error::{at, to_py};
 use file::PyFile;
 use futures::stream::{self, StreamExt};
@@ -701,7 +701,7 @@ impl PyClient {
     #[pyo3(signature = (
         path, writers, rank, sorted = false, threshold = 16 << 20, top = None,
         strategy = "least-loaded", coordinators_per_node = 1, memory = 64 << 20,
-        timeout = 10.0, join_timeout = 300.0,
+        timeout = 10.0, join_timeout = 300.0, record_size = None, key_range = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn collective(
@@ -718,12 +718,15 @@ impl PyClient {
         memory: usize,
         timeout: f64,
         join_timeout: f64,
+        record_size: Option<u64>,
+        key_range: Option<(u64, u64)>,
     ) -> PyResult<PyCollective> {
         let p = norm(path);
         let opts = tessera_collective::Options {
             sorted,
             threshold,
             top,
+            fixed: fixed(record_size, key_range)?,
             strategy: strategy.parse().map_err(PyValueError::new_err)?,
             coordinators_per_node,
             memory,
