@@ -412,10 +412,8 @@ fn a_check_through_a_mount_times_the_replay_as_the_mount_timed_the_original() {
         let json: serde_json::Value =
             serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
         let trace = json["mount_trace"].as_str().map(PathBuf::from);
-        (
-            json,
-            trace.unwrap_or_else(|| panic!("the mount's trace: {json}")),
-        )
+        let trace = trace.unwrap_or_else(|| panic!("the mount's trace: {json}"));
+        (json, trace)
     };
     let (_, original) = replay(&model, &orig, &traces.join("orig"), None);
     let profiled = home.path().join("orig.model.json");
