@@ -140,8 +140,11 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
         }
         None => table(&report, &mut out)?,
     }
-    if let Some(t) = &mount_trace {
-        writeln!(out, "the mount's trace of the phases: {}", t.display())?;
+    // Standard output holds only the JSON when it goes there.
+    match (&mount_trace, args.json.as_deref()) {
+        (_, Some(p)) if p == Path::new("-") => {}
+        (Some(t), _) => writeln!(out, "the mount's trace of the phases: {}", t.display())?,
+        (None, _) => {}
     }
     if let Some(c) = comparison {
         writeln!(out, "\ncompared with the original's model:")?;
