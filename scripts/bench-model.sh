@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The I/O model on real programs (issue 32): sort, tar and a read alignment traced through a
-# mount, profiled, replayed three times on the same configuration and once more on another, the
-# replays' I/O time and shape against the originals'. Needs root, FUSE, bwa and samtools
+# mount, profiled; in three rounds from cold caches the original, the replay of its model and fio's
+# replay of its trace, timed by the mount, on two configurations. Needs root, FUSE, fio, bwa, samtools
 # (installed here when missing).
 # Usage: scripts/bench-model.sh [SCALE]   (default 1: about 100 MB per program; OUT=FILE keeps
 # the JSON)

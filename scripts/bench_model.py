@@ -1,14 +1,16 @@
-"""The I/O model's fidelity on real programs (issue 32), timed from outside.
+"""The I/O model's fidelity on real programs (issue 32), timed by the mount.
 
 Three programs run on a Tessera mount, traced by the mount: `sort` of a text file (with its
-temporary files on the mount), `tar` of a source tree (C and C++ headers), and a read alignment (`bwa index`, `bwa
-mem`, `samtools sort`) of reads simulated from a random genome. Each trace is profiled (model and
-report); the model is replayed (`tessera replay`, no compute) once to prepare its inputs, then
-three times on the same configuration, traced by the mount the same way, and the replays' models are compared with the
-original's: bytes, requests and phases, and the I/O time of the phases' operations (the
-durations the mount measured, summed). Then a second configuration (other server count and
-stripe size) runs the original again and the replay of the first configuration's model, to see
-whether the replay predicts the change.
+temporary files on the mount), `tar` of a source tree (C and C++ headers), and a read alignment
+(`bwa index`, `bwa mem`, `samtools sort`) of reads simulated from a random genome. In each of
+three rounds, from cold caches (sync, drop_caches): the original runs traced (its outputs
+removed first); the model of the first configuration's first original is replayed
+(`tessera replay --drop-caches --mount-trace --check`: inputs prepared untraced, the mount
+tracing only the phases); and the round's original trace is replayed by fio (`tessera trace
+export --format fio`, `fio --read_iolog`, no stalls), traced by the mount. The three are compared
+by the I/O time of their phases' operations (the durations the mount measured, summed): medians
+of the three rounds. Then a second configuration (other server count and stripe size) does the
+same with the first configuration's model, to see whether the replay predicts the change.
 
 Prints one JSON object (and writes it to OUT if set).
 Usage: python3 scripts/bench_model.py TESSERA_BIN SCALE   (SCALE 1: about 100 MB per program)
@@ -35,7 +37,7 @@ CONFIGS = {
     "A": ["--servers", "4", "--memory", "1GiB"],
     "B": ["--servers", "2", "--memory", "2GiB", "--stripe-size", "4MiB"],
 }
-REPLAYS = 3
+ROUNDS = 3
 
 
 def run(cmd: List[str], **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -86,6 +88,10 @@ PROGRAMS: Dict[str, Callable[[Path], List[str]]] = {
                       "samtools sort -m 64M -o out.bam out.sam 2>/dev/null"],
 }
 STAGED = {"sort": ["numbers.txt"], "tar": ["src"], "bwa": ["ref.fa", "reads.fq"]}
+# What a program leaves, removed before it runs again.
+OUTPUTS = {"sort": ["sorted.txt"], "tar": ["src.tar"],
+           "bwa": ["ref.fa.amb", "ref.fa.ann", "ref.fa.bwt", "ref.fa.pac", "ref.fa.sa",
+                   "out.sam", "out.bam"]}
 
 
 def phases_io_s(model: Dict[str, Any]) -> float:
@@ -153,12 +159,49 @@ class Cluster:
         self.log.close()
 
 
+def fio_replay(c: Cluster, original: Path, name: str) -> Dict[str, Any]:
+    """The original trace replayed by fio (every request as the mount saw it, no stalls),
+    traced by the mount: its model's I/O time and shape."""
+    log = original.with_suffix(f".{name}.iolog")
+    run([c.bin, "trace", "export", str(original), "--format", "fio", "-o", str(log)])
+    fio = ["fio", "--name=replay", f"--read_iolog={log}", "--ioengine=psync",
+           "--replay_no_stall=1", "--output-format=json"]
+    trace, wall = c.traced(fio, name)
+    model = c.profile(trace)
+    return {"wall_s": wall, "io_s": phases_io_s(model), "shape": shape(model)}
+
+
+def model_replay(c: Cluster, model: Path, original: Path, rdir: Path, name: str
+                 ) -> Dict[str, Any]:
+    """The model replayed in `rdir`, the mount tracing its phases only, checked against the
+    round's original."""
+    tdir = c.traces / name
+    out = c.traces / f"{name}.json"
+    t = time.monotonic()
+    done = subprocess.run(
+        [c.bin, "replay", str(model), "--dir", str(rdir), "--drop-caches", "--mount-trace",
+         str(tdir), "--check", str(original), "--json", str(out)],
+        text=True, capture_output=True, timeout=1800, env=c.env)
+    wall = time.monotonic() - t
+    if not out.exists():
+        raise RuntimeError(f"replay failed: {done.stdout}{done.stderr}")
+    r = json.loads(out.read_text())
+    ck = r["check"]
+    rmodel = c.profile(Path(r["mount_trace"]))
+    return {"wall_s": wall, "io_s": ck["io_time_ns"][1] / 1e9, "shape": shape(rmodel),
+            "time_by": ck["time_by"], "time_alike": ck["time_alike"],
+            "shape_matches": all(x["matches"] for x in ck["checks"]),
+            "differ": [x["what"] for x in ck["checks"] if not x["matches"]][:12]}
+
+
 def main() -> None:
     bin_, scale = sys.argv[1], float(sys.argv[2])
     local = Path(tempfile.mkdtemp(prefix="tessera-bench-model-inputs."))
     inputs(local, scale)
-    result: Dict[str, Any] = {"scale": scale, "configs": CONFIGS, "programs": {}}
+    result: Dict[str, Any] = {"scale": scale, "configs": CONFIGS, "rounds": ROUNDS,
+                              "load_before": os.getloadavg(), "programs": {}}
     models: Dict[str, Path] = {}
+    med = statistics.median
     for cname, cargs in CONFIGS.items():
         c = Cluster(bin_, cname, cargs)
         try:
@@ -172,37 +215,44 @@ def main() -> None:
                         shutil.copytree(src, d / name, symlinks=True)
                     else:
                         shutil.copy(src, d / name)
-                trace, wall = c.traced(cmd(d), f"{prog}-original")
-                model = c.profile(trace, report=cname == "A")
-                if cname == "A":
-                    models[prog] = trace.with_suffix(".model.json")
-                r = result["programs"].setdefault(prog, {})
-                r[cname] = {"original_wall_s": wall, "original_io_s": phases_io_s(model),
-                            "original_shape": shape(model), "replays": []}
-                # A first replay, untraced, prepares the inputs (files the trace did not create),
-                # which the traced ones then find in place and leave.
                 rdir = c.mnt / f"replay-{prog}"
                 rdir.mkdir()
-                replay = [bin_, "replay", str(models[prog]), "--dir", str(rdir)]
-                run(replay)
-                for i in range(REPLAYS):
-                    rtrace, rwall = c.traced(replay, f"{prog}-replay-{i}")
-                    rmodel = c.profile(rtrace)
-                    r[cname]["replays"].append({"wall_s": rwall, "io_s": phases_io_s(rmodel),
-                                                "shape": shape(rmodel)})
+                r = result["programs"].setdefault(prog, {})
+                rc: Dict[str, Any] = {"originals": [], "replays": [], "fio": []}
+                r[cname] = rc
+                for i in range(ROUNDS):
+                    for name in OUTPUTS[prog]:
+                        (d / name).unlink(missing_ok=True)
+                    shutil.rmtree(d / "tmp")
+                    (d / "tmp").mkdir()
+                    trace, wall = c.traced(cmd(d), f"{prog}-original-{i}")
+                    model = c.profile(trace, report=cname == "A" and i == 0)
+                    if prog not in models:
+                        models[prog] = trace.with_suffix(".model.json")
+                    rc["originals"].append({"wall_s": wall, "io_s": phases_io_s(model),
+                                            "shape": shape(model)})
+                    rc["replays"].append(model_replay(c, models[prog], trace, rdir,
+                                                      f"{prog}-replay-{i}"))
+                    rc["fio"].append(fio_replay(c, trace, f"{prog}-fio-{i}"))
                 shutil.rmtree(rdir)
-                ios = [x["io_s"] for x in r[cname]["replays"]]
-                r[cname]["replay_io_median_s"] = statistics.median(ios)
-                r[cname]["io_ratio"] = statistics.median(ios) / max(r[cname]["original_io_s"], 1e-9)
-                print(f"{cname} {prog}: original {r[cname]['original_io_s']:.3f} s in I/O "
-                      f"({wall:.2f} s wall), replay median {statistics.median(ios):.3f} s, "
-                      f"ratio {r[cname]['io_ratio']:.2f}", file=sys.stderr)
+                orig = med(x["io_s"] for x in rc["originals"])
+                rep = med(x["io_s"] for x in rc["replays"])
+                fio = med(x["io_s"] for x in rc["fio"])
+                rc.update(original_io_median_s=orig, replay_io_median_s=rep,
+                          fio_io_median_s=fio, replay_ratio=rep / max(orig, 1e-9),
+                          fio_ratio=fio / max(orig, 1e-9))
+                print(f"{cname} {prog}: original {orig:.3f} s in I/O, model replay {rep:.3f} s "
+                      f"(ratio {rc['replay_ratio']:.2f}), fio replay {fio:.3f} s "
+                      f"(ratio {rc['fio_ratio']:.2f}); load {os.getloadavg()[0]:.1f}",
+                      file=sys.stderr)
         finally:
             c.stop()
     for prog, r in result["programs"].items():
         a, b = r["A"], r["B"]
-        r["B_over_A_original"] = b["original_io_s"] / max(a["original_io_s"], 1e-9)
+        r["B_over_A_original"] = b["original_io_median_s"] / max(a["original_io_median_s"], 1e-9)
         r["B_over_A_replay"] = b["replay_io_median_s"] / max(a["replay_io_median_s"], 1e-9)
+        r["B_over_A_fio"] = b["fio_io_median_s"] / max(a["fio_io_median_s"], 1e-9)
+    result["load_after"] = os.getloadavg()
     text = json.dumps(result, indent=1)
     print(text)
     if os.environ.get("OUT"):

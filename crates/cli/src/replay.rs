@@ -5,7 +5,9 @@ use crate::profile::profile_trace;
 use crate::up::human;
 use anyhow::{bail, Context, Result};
 use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 use tessera_model::{export, Model};
 use tessera_replay::{Options, PhaseKind, Report};
 
@@ -33,6 +35,15 @@ pub struct ReplayArgs {
     /// whether they do), I/O times are reported.
     #[arg(long, conflicts_with = "export")]
     check: Option<PathBuf>,
+    /// DIR is in a Tessera mount: have the mount trace the timed phases (not the preparation)
+    /// into a new file in this directory; `--check` then compares that trace, timed as a mount
+    /// timed the original.
+    #[arg(long, conflicts_with = "export")]
+    mount_trace: Option<PathBuf>,
+    /// Drop the kernel's page, name and inode caches (sync first) between the preparation and
+    /// the timed phases, so that they start cold as the original did (needs root).
+    #[arg(long, conflicts_with = "export")]
+    drop_caches: bool,
     /// Write the model for another tool instead of running it: an IOR script, a fio job file,
     /// mdtest commands for the metadata phases.
     #[arg(long, value_enum, conflicts_with_all = ["dir", "think_time", "json", "trace"])]
@@ -71,28 +82,41 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
     let Some(dir) = &args.dir else {
         bail!("--dir DIR: where to replay");
     };
-    // A check needs the replay's trace: kept where asked, else in a directory of its own
-    // that goes when the check is done.
-    let scratch = (args.check.is_some() && args.trace.is_none())
+    // A check needs a trace of the replay: the mount's, else its own, kept where asked or
+    // in a directory of its own that goes when the check is done.
+    let scratch = (args.check.is_some() && args.trace.is_none() && args.mount_trace.is_none())
         .then(|| std::env::temp_dir().join(format!("tessera-replay-check-{}", std::process::id())));
     let opts = Options {
         think_time: args.think_time,
         trace: args.trace.clone().or_else(|| scratch.clone()),
         seed: args.seed,
     };
-    let replayed = tessera_replay::replay(&model, dir, &opts)
-        .with_context(|| format!("replaying {} in {}", args.model.display(), dir.display()));
+    let context = || format!("replaying {} in {}", args.model.display(), dir.display());
+    let prepared = tessera_replay::prepare(&model, dir).with_context(context)?;
+    if args.drop_caches {
+        drop_caches()?;
+    }
+    let mount = match &args.mount_trace {
+        Some(t) => Some(MountTrace::start(dir, t)?),
+        None => None,
+    };
+    let replayed = prepared.run(&opts).with_context(context);
+    // Stopped whatever the replay's outcome, so the mount is left as it was found.
+    let mount_trace = mount.map(MountTrace::stop).transpose();
     let checked = replayed.and_then(|report| {
-        let comparison = match (&args.check, &report.trace) {
-            (Some(original), Some(trace)) => Some(check(original, trace)?),
+        let mount_trace = mount_trace?;
+        let comparison = match (&args.check, &mount_trace, &report.trace) {
+            (Some(original), Some((trace, under)), _) => Some(check(original, trace, under)?),
+            (Some(original), None, Some(trace)) => Some(check(original, trace, "")?),
             _ => None,
         };
-        Ok((report, comparison))
+        let mount_trace = mount_trace.map(|(t, _)| t);
+        Ok((report, comparison, mount_trace))
     });
     if let Some(s) = &scratch {
         let _ = std::fs::remove_dir_all(s);
     }
-    let (mut report, comparison) = checked?;
+    let (mut report, comparison, mount_trace) = checked?;
     if scratch.is_some() {
         report.trace = None;
     }
@@ -100,8 +124,11 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
     // The report, and the comparison under `check` when there is one.
     let json = || -> Result<String> {
         let mut v = serde_json::to_value(&report)?;
-        if let (Some(c), Some(map)) = (&comparison, v.as_object_mut()) {
-            map.insert("check".into(), serde_json::to_value(c)?);
+        if let Some(map) = v.as_object_mut() {
+            if let Some(c) = &comparison {
+                map.insert("check".into(), serde_json::to_value(c)?);
+            }
+            map.insert("mount_trace".into(), serde_json::to_value(&mount_trace)?);
         }
         Ok(serde_json::to_string_pretty(&v)?)
     };
@@ -113,6 +140,12 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
         }
         None => table(&report, &mut out)?,
     }
+    // Standard output holds only the JSON when it goes there.
+    match (&mount_trace, args.json.as_deref()) {
+        (_, Some(p)) if p == Path::new("-") => {}
+        (Some(t), _) => writeln!(out, "the mount's trace of the phases: {}", t.display())?,
+        (None, _) => {}
+    }
     if let Some(c) = comparison {
         writeln!(out, "\ncompared with the original's model:")?;
         write!(out, "{}", c.text(false))?;
@@ -123,10 +156,132 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
     Ok(())
 }
 
-/// The model of the replay's trace, compared with the model of the original trace.
-fn check(original: &Path, trace: &Path) -> Result<tessera_model::Comparison> {
+fn drop_caches() -> Result<()> {
+    // SAFETY: sync takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n")
+        .context("dropping the kernel's caches (/proc/sys/vm/drop_caches, needs root)")
+}
+
+/// A trace of the mount that holds the replay directory, switched on for the timed phases.
+struct MountTrace {
+    root: PathBuf,
+    /// The replay directory in the mount's paths (`/run` for ROOT/run).
+    under: String,
+    dir: PathBuf,
+    before: Vec<PathBuf>,
+}
+
+impl MountTrace {
+    fn start(replay_dir: &Path, trace_dir: &Path) -> Result<Self> {
+        let root = mount_root(replay_dir)?;
+        let inside = std::fs::canonicalize(replay_dir)
+            .with_context(|| format!("{}", replay_dir.display()))?;
+        let under = inside
+            .strip_prefix(&root)
+            .map(|p| format!("/{}", p.display()))
+            .unwrap_or_default();
+        let dir = std::path::absolute(trace_dir).context("the mount's trace directory")?;
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("trace directory {}", dir.display()))?;
+        let before = traces_in(&dir)?;
+        crate::trace::control(&root, &format!("start {}", dir.display()))?;
+        Ok(MountTrace {
+            root,
+            under,
+            dir,
+            before,
+        })
+    }
+
+    /// Stops the trace and waits (up to a minute) for the mount to finish its file; the file,
+    /// and the replay directory in its paths.
+    fn stop(self) -> Result<(PathBuf, String)> {
+        crate::trace::control(&self.root, "stop")?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let new: Vec<PathBuf> = traces_in(&self.dir)?
+                .into_iter()
+                .filter(|p| !self.before.contains(p))
+                .collect();
+            if let [t] = &new[..] {
+                if finished(t) {
+                    return Ok((t.clone(), self.under));
+                }
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the mount's trace in {} was not finished within a minute of its stop",
+                    self.dir.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// The root of the file system `dir` is in: its highest ancestor on the same device.
+fn mount_root(dir: &Path) -> Result<PathBuf> {
+    let dir = std::fs::canonicalize(dir).with_context(|| format!("{}", dir.display()))?;
+    let dev = |p: &Path| std::fs::metadata(p).map(|m| m.dev());
+    let here = dev(&dir).with_context(|| format!("{}", dir.display()))?;
+    let mut root = dir.as_path();
+    while let Some(up) = root.parent() {
+        if dev(up).ok() != Some(here) {
+            break;
+        }
+        root = up;
+    }
+    Ok(root.to_path_buf())
+}
+
+fn traces_in(dir: &Path) -> Result<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(dir).with_context(|| format!("{}", dir.display()))?;
+    Ok(entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "ttrace"))
+        .collect())
+}
+
+/// The trace's writer has written its end.
+fn finished(trace: &Path) -> bool {
+    let Ok(mut r) = tessera_trace::Reader::open(trace) else {
+        return false;
+    };
+    loop {
+        match r.next_item() {
+            Ok(Some(tessera_trace::Item::End { .. })) => return true,
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => return false,
+        }
+    }
+}
+
+/// The model of the replay's trace, its paths taken as under `under` (the replay directory
+/// in a mount's paths; empty for the replay's own trace), compared with the model of the
+/// original trace.
+fn check(original: &Path, trace: &Path, under: &str) -> Result<tessera_model::Comparison> {
     let before = profile_trace(original)?;
-    let after = profile_trace(trace)?;
+    let mut after = profile_trace(trace)?;
+    let rebase = |p: &mut String| {
+        if let Some(rest) = p
+            .strip_prefix(under)
+            .filter(|r| r.is_empty() || r.starts_with('/'))
+        {
+            *p = if rest.is_empty() {
+                "/".into()
+            } else {
+                rest.into()
+            };
+        }
+    };
+    if !under.is_empty() {
+        after.files.iter_mut().for_each(|f| rebase(&mut f.path));
+        after
+            .meta_phases
+            .iter_mut()
+            .for_each(|p| rebase(&mut p.dir));
+    }
     Ok(tessera_model::compare(&before, &after))
 }
 

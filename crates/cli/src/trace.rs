@@ -115,7 +115,7 @@ fn quiet_when_output_closes(r: Result<()>) -> Result<()> {
     }
 }
 
-fn control(mount: &Path, command: &str) -> Result<()> {
+pub(crate) fn control(mount: &Path, command: &str) -> Result<()> {
     tessera_fuse::control_trace(mount, command).map_err(|e| {
         let why = match e.raw_os_error() {
             Some(libc::EOPNOTSUPP) => {
@@ -517,48 +517,59 @@ fn chrome(t: &Trace, from: Option<f64>, out: &mut impl Write) -> Result<()> {
 
 /// fio iolog v3: `timestamp file action [offset length]`, timestamps in microseconds from the
 /// first operation. Each file is added and opened at its first operation and closed after
-/// the last; only reads, writes and fsyncs that succeeded are kept.
+/// its last (a program with many files keeps few open at once); only reads, writes and fsyncs
+/// that succeeded are kept, each read or write with the bytes it really moved (a read that
+/// met the end of its file moved fewer than it asked for, and fio replaying the request as
+/// asked would stop there).
 fn fio(t: &Trace, root: Option<&Path>, out: &mut impl Write) -> Result<()> {
     let root = match root {
         Some(r) => r.to_path_buf(),
         None => PathBuf::from(t.header.source.strip_prefix("fuse ").unwrap_or("/")),
     };
-    let kept: Vec<&Record> = t
+    // fio reads names up to the first blank.
+    let kept: Vec<(&Record, &str)> = t
+        .records
+        .iter()
+        .filter(|r| match r.op {
+            Op::Read | Op::Write => r.result > 0,
+            Op::Fsync => r.result >= 0,
+            _ => false,
+        })
+        .filter_map(|r| {
+            let path = r.path.as_deref();
+            path.filter(|p| !p.contains(char::is_whitespace))
+                .map(|p| (r, p))
+        })
+        .collect();
+    let skipped = t
         .records
         .iter()
         .filter(|r| matches!(r.op, Op::Read | Op::Write | Op::Fsync) && r.result >= 0)
-        .collect();
-    let base = kept.first().map_or(0, |r| r.start_ns);
+        .count()
+        .saturating_sub(kept.len());
+    let base = kept.first().map_or(0, |(r, _)| r.start_ns);
+    let mut last: HashMap<&str, usize> = HashMap::new();
+    for (i, (_, path)) in kept.iter().enumerate() {
+        last.insert(path, i);
+    }
     let mut opened: HashMap<&str, ()> = HashMap::new();
-    let mut order: Vec<String> = Vec::new();
-    let (mut skipped, mut last) = (0u64, 0u64);
     writeln!(out, "fio version 3 iolog")?;
-    for r in kept {
-        // fio reads names up to the first blank.
-        let Some(path) = r
-            .path
-            .as_deref()
-            .filter(|p| !p.contains(char::is_whitespace))
-        else {
-            skipped += 1;
-            continue;
-        };
+    for (i, (r, path)) in kept.iter().enumerate() {
         let file = root.join(path.trim_start_matches('/'));
         let file = file.display();
         let ts = (r.start_ns - base) / 1000;
-        last = ts;
         if opened.insert(path, ()).is_none() {
             writeln!(out, "{ts} {file} add\n{ts} {file} open")?;
-            order.push(file.to_string());
         }
         match r.op {
-            Op::Read => writeln!(out, "{ts} {file} read {} {}", r.offset, r.size)?,
-            Op::Write => writeln!(out, "{ts} {file} write {} {}", r.offset, r.size)?,
-            _ => writeln!(out, "{ts} {file} sync")?,
+            Op::Read => writeln!(out, "{ts} {file} read {} {}", r.offset, r.result)?,
+            Op::Write => writeln!(out, "{ts} {file} write {} {}", r.offset, r.result)?,
+            // fio takes a line of four fields for an operation, of two for a file's.
+            _ => writeln!(out, "{ts} {file} sync 0 0")?,
         }
-    }
-    for file in order {
-        writeln!(out, "{last} {file} close")?;
+        if last.get(path) == Some(&i) {
+            writeln!(out, "{} {file} close", r.end_ns.saturating_sub(base) / 1000)?;
+        }
     }
     if skipped > 0 {
         eprintln!("{skipped} operations left out: no path known, or a path with blanks");
@@ -575,6 +586,79 @@ mod tests {
         assert_eq!(utc(0), "1970-01-01 00:00:00");
         assert_eq!(utc(1_700_000_000_000_000_000), "2023-11-14 22:13:20");
         assert_eq!(utc(951_782_400_000_000_000), "2000-02-29 00:00:00");
+    }
+
+    /// A read that met the end of its file is exported with the bytes it moved, and one that
+    /// moved none is left out: fio replays the whole log (as asked, it stops at the first).
+    #[test]
+    fn the_fio_export_replays_whole_through_short_reads() {
+        let d = tempfile::tempdir().expect("a directory");
+        std::fs::write(d.path().join("a"), vec![7u8; 8192]).expect("a file");
+        let rec = |op, offset, size, result, at| Record {
+            op,
+            mode: tessera_trace::Mode::PageCache,
+            via_handle: false,
+            pid: 1,
+            uid: 0,
+            exe: None,
+            ino: 2,
+            path: Some("/a".into()),
+            target: None,
+            offset,
+            size,
+            server_size: None,
+            flags: 0,
+            start_ns: at,
+            end_ns: at + 10,
+            result,
+        };
+        let t = Trace {
+            header: Header::new("h".into(), 1, "fuse /nowhere".into(), Default::default()),
+            records: vec![
+                rec(Op::Read, 0, 65536, 8192, 1000),
+                rec(Op::Read, 8192, 65536, 0, 2000),
+                rec(Op::Read, 4096, 4096, 4096, 3000),
+                rec(Op::Read, 0, 4096, -5, 4000),
+                rec(Op::Fsync, 0, 0, 0, 5000),
+            ],
+            gaps: Vec::new(),
+            end: None,
+            torn: false,
+        };
+        let mut out = Vec::new();
+        fio(&t, Some(d.path()), &mut out).expect("the export");
+        let log = String::from_utf8(out).expect("text");
+        let file = d.path().join("a");
+        let reads: Vec<String> = log
+            .lines()
+            .filter(|l| l.contains(" read "))
+            .map(String::from)
+            .collect();
+        assert_eq!(
+            reads,
+            [
+                format!("0 {} read 0 8192", file.display()),
+                format!("2 {} read 4096 4096", file.display())
+            ],
+            "{log}"
+        );
+        let path = d.path().join("log");
+        std::fs::write(&path, &log).expect("the log");
+        let run = std::process::Command::new("fio")
+            .args(["--name=replay", "--ioengine=psync", "--replay_no_stall=1"])
+            .arg(format!("--read_iolog={}", path.display()))
+            .args(["--output-format=json"])
+            .output()
+            .expect("fio is installed (scripts/deps.sh)");
+        let text = String::from_utf8_lossy(&run.stdout);
+        assert!(
+            run.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let json: serde_json::Value = serde_json::from_str(&text).expect("fio's JSON");
+        assert_eq!(json["jobs"][0]["read"]["io_bytes"], 8192 + 4096, "{text}");
+        assert_eq!(json["jobs"][0]["sync"]["total_ios"], 1, "{text}");
     }
 
     #[test]

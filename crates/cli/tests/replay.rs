@@ -327,3 +327,139 @@ fn a_traced_program_replays_with_its_shape_through_a_mount() {
         Some(32 * 65536)
     );
 }
+
+/// The mount's traces of what a replay opened, by path: the opens of each.
+fn opens(trace: &Path) -> std::collections::BTreeMap<String, u64> {
+    let mut r = tessera_trace::Reader::open(trace).expect("a trace");
+    let mut by = std::collections::BTreeMap::new();
+    while let Some(item) = r.next_item().expect("readable") {
+        if let tessera_trace::Item::Record(rec) = item {
+            if matches!(rec.op, tessera_trace::Op::Open | tessera_trace::Op::Create) {
+                *by.entry(rec.path.as_deref().unwrap_or("?").to_string())
+                    .or_insert(0) += 1;
+            }
+        }
+    }
+    by
+}
+
+/// An original timed by a mount (a replay of a known model, traced by the mount only while
+/// its phases ran), profiled and replayed with `--check --mount-trace`: the check compares
+/// the mount's trace of the replay's phases with the original, both timed by the mount, and
+/// says so; a process opens its file once for its two phases on it, as the original did.
+/// Needs root and /dev/fuse.
+#[test]
+fn a_check_through_a_mount_times_the_replay_as_the_mount_timed_the_original() {
+    let home = tempfile::tempdir().expect("a home");
+    let mnt = home.path().join("mnt");
+    std::fs::create_dir(&mnt).expect("mount point");
+    let _up = Up::start(
+        home.path(),
+        &[
+            os("--servers"),
+            os("2"),
+            os("--memory"),
+            os("256MiB"),
+            os("--mount"),
+            os(&mnt),
+        ],
+    );
+    // One process writes /f, then reads it back: two phases on one file (a mount passes on
+    // writes in its own sizes, so a change of size alone may not cut a phase).
+    let mut m = synthetic::file_per_process(1, 16, 65536);
+    let mut tail = m.phases[0].clone();
+    tail.op = tessera_model::DataOp::Read;
+    for p in &mut tail.processes {
+        p.start_ns += 1_000_000_000;
+    }
+    tail.start_ns += 1_000_000_000;
+    tail.end_ns += 1_000_000_000;
+    tail.id = 1;
+    m.phases.push(tail);
+    m.files[0].path = "/f".into();
+    let model = write_model(home.path(), "two-phases", &m);
+    let (orig, run) = (mnt.join("orig"), mnt.join("run"));
+    std::fs::create_dir(&orig).expect("a directory in the mount");
+    std::fs::create_dir(&run).expect("a directory in the mount");
+    let traces = home.path().join("traces");
+    // Cold caches where this machine lets root drop them (a container may not).
+    let can_drop = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/sys/vm/drop_caches")
+        .is_ok();
+    let replay = |model: &Path, dir: &Path, tdir: &Path, check: Option<&Path>| {
+        let mut args = vec![
+            os("replay"),
+            os(model),
+            os("--dir"),
+            os(dir),
+            os("--mount-trace"),
+            os(tdir),
+            os("--json"),
+            os("-"),
+        ];
+        if can_drop {
+            args.push(os("--drop-caches"));
+        }
+        if let Some(c) = check {
+            args.extend([os("--check"), os(c)]);
+        }
+        let o = tessera(&args);
+        assert!(o.status.success(), "{}", text(&o));
+        let json: serde_json::Value =
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+        let trace = json["mount_trace"].as_str().map(PathBuf::from);
+        let trace = trace.unwrap_or_else(|| panic!("the mount's trace: {json}"));
+        (json, trace)
+    };
+    let (_, original) = replay(&model, &orig, &traces.join("orig"), None);
+    let profiled = home.path().join("orig.model.json");
+    let o = tessera(&[os("profile"), os(&original), os("-o"), os(&profiled)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let pm = Model::from_json(&std::fs::read_to_string(&profiled).unwrap_or_default())
+        .expect("the original's model");
+    let on_f: Vec<_> = pm
+        .phases
+        .iter()
+        .filter(|p| p.file == pm.phases[0].file)
+        .collect();
+    assert!(on_f.len() >= 2, "two phases on one file: {}", pm.to_json());
+    assert_eq!(
+        opens(&original).get("/orig/f"),
+        Some(&1),
+        "{:?}",
+        opens(&original)
+    );
+
+    let (json, replayed) = replay(&profiled, &run, &traces.join("run"), Some(&original));
+    let check = &json["check"];
+    assert_eq!(check["time_by"], "mount", "{check}");
+    assert_eq!(check["time_alike"], true, "{check}");
+    assert!(
+        check["io_time_ns"][0].as_u64().is_some_and(|t| t > 0),
+        "{check}"
+    );
+    assert!(
+        check["io_time_ns"][1].as_u64().is_some_and(|t| t > 0),
+        "{check}"
+    );
+    let differ: Vec<&serde_json::Value> = check["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .filter(|c| c["matches"] != true)
+        .collect();
+    assert!(differ.is_empty(), "{differ:?}");
+    // Only the phases were traced: the preparation (removing /run/orig/f) is not there.
+    let ops = opens(&replayed);
+    assert_eq!(
+        ops.get("/run/orig/f"),
+        Some(&1),
+        "one open of the file: {ops:?}"
+    );
+    assert_eq!(ops.len(), 1, "{ops:?}");
+    assert_eq!(
+        std::fs::metadata(run.join("orig/f")).map(|m| m.len()).ok(),
+        Some(16 * 65536)
+    );
+}

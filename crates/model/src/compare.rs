@@ -30,6 +30,20 @@ pub struct Comparison {
     pub wall_ns: (u64, u64),
     /// Replay over original, of the phases' I/O time (None if the original's is 0).
     pub io_time_ratio: Option<f64>,
+    /// What timed the original's operations: `mount` (a Tessera mount's trace, the kernel's
+    /// requests), `replay` (a replay's own calls), or the tracer's name.
+    pub time_by: String,
+    /// The replay was timed the same way: only then are the I/O times comparable.
+    pub time_alike: bool,
+}
+
+/// What timed a model's operations (the first word of its tracer, a mount's as `mount`).
+fn timed_by(m: &Model) -> &str {
+    match m.source.traced_by.split_whitespace().next() {
+        Some("fuse") => "mount",
+        Some(w) => w,
+        None => "?",
+    }
 }
 
 /// The durations of the operations of a model's phases, summed.
@@ -217,6 +231,8 @@ pub fn compare(original: &Model, replay: &Model) -> Comparison {
         ),
         wall_ns: (a.wall_ns, b.wall_ns),
         io_time_ratio: (io.0 > 0).then(|| io.1 as f64 / io.0 as f64),
+        time_by: timed_by(original).into(),
+        time_alike: timed_by(original) == timed_by(replay),
     }
 }
 
@@ -259,6 +275,16 @@ impl Comparison {
             if differ == 0 { "" } else { " (DIFFERS)" }
         );
         let secs = |ns: u64| ns as f64 / 1e9;
+        let _ = writeln!(
+            out,
+            "timed by: {} for the original, {}",
+            self.time_by,
+            if self.time_alike {
+                "the same for the replay"
+            } else {
+                "not the same for the replay (times not comparable)"
+            }
+        );
         let _ = write!(
             out,
             "I/O time in phases: original {:.3} s, replay {:.3} s",
@@ -314,6 +340,16 @@ mod tests {
         assert_eq!(c.other_io_time_ns, (5, 5));
         assert!(c.io_time_ratio.is_some_and(|r| (r - 1.05).abs() < 1e-9));
         assert!(c.text(false).contains("within 10 %"), "{}", c.text(false));
+        assert_eq!((c.time_by.as_str(), c.time_alike), ("synthetic", true));
+        let mut d = b.clone();
+        d.source.traced_by = "fuse /mnt/t".into();
+        let c = compare(&d, &b);
+        assert_eq!((c.time_by.as_str(), c.time_alike), ("mount", false));
+        assert!(
+            c.text(false).contains("not comparable"),
+            "{}",
+            c.text(false)
+        );
     }
 
     #[test]

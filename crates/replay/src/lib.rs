@@ -10,7 +10,7 @@ mod run;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-pub use run::replay;
+pub use run::{prepare, replay, Prepared};
 
 /// How to replay.
 #[derive(Debug, Clone, Default)]

@@ -6,7 +6,7 @@ use crate::Error;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::{Component, Path, PathBuf};
-use tessera_model::{AccessMode, MetaKind, Model, Phase};
+use tessera_model::{AccessMode, DataOp, MetaKind, Model, Phase};
 
 /// A phase of either kind, in the order phases start.
 #[derive(Debug)]
@@ -49,6 +49,18 @@ pub(crate) struct Part {
 pub(crate) struct Proc {
     pub pid: u32,
     pub parts: Vec<Part>,
+    /// The model files this process reads or writes: opened once, when first needed (for
+    /// writing too if it writes them), and closed after its last part on them, as a program
+    /// keeps a file open across its phases rather than opening it for each.
+    pub files: HashMap<u32, FileUse>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileUse {
+    pub read: bool,
+    pub write: bool,
+    /// The index in `parts` of the last part on the file.
+    pub last: usize,
 }
 
 /// What is made before timing starts (paths relative to the replay directory).
@@ -148,21 +160,35 @@ impl Plan {
         let mut np = Vec::with_capacity(order.len());
         let mut procs: Vec<Proc> = Vec::new();
         let mut index: HashMap<u32, usize> = HashMap::new();
-        let mut join = |pid: u32, part: Part| {
+        let mut join = |pid: u32, part: Part, file: Option<(u32, bool)>| {
             let i = *index.entry(pid).or_insert_with(|| {
                 procs.push(Proc {
                     pid,
                     parts: Vec::new(),
+                    files: HashMap::new(),
                 });
                 procs.len() - 1
             });
-            procs[i].parts.push(part);
+            let p = &mut procs[i];
+            p.parts.push(part);
+            if let Some((f, write)) = file {
+                let last = p.parts.len() - 1;
+                let u = p.files.entry(f).or_insert(FileUse {
+                    read: !write,
+                    write,
+                    last,
+                });
+                u.read |= !write;
+                u.write |= write;
+                u.last = last;
+            }
         };
         for (task, &(_, _, kind, i)) in order.iter().enumerate() {
             if kind == 0 {
                 let p = &m.phases[i];
                 for slot in 0..p.processes.len() {
-                    join(p.processes[slot].pid, Part { task, slot });
+                    let file = Some((p.file, p.op == DataOp::Write));
+                    join(p.processes[slot].pid, Part { task, slot }, file);
                 }
                 np.push(p.processes.len());
                 tasks.push(Task::Data(i));
@@ -173,7 +199,7 @@ impl Plan {
                     pids.push(0);
                 }
                 for (slot, &pid) in pids.iter().enumerate() {
-                    join(pid, Part { task, slot });
+                    join(pid, Part { task, slot }, None);
                 }
                 np.push(pids.len());
                 tasks.push(Task::Meta(i, names.ops(m, i)));
@@ -602,7 +628,7 @@ impl Iterator for Requests<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_model::{synthetic, DataOp, SizeCount};
+    use tessera_model::{synthetic, SizeCount};
 
     fn all(p: &Phase, slot: usize) -> Vec<(u64, u64)> {
         Requests::new(p, slot, 7).collect()
@@ -693,6 +719,25 @@ mod tests {
         let plan = Plan::new(&m).expect("a plan");
         assert_eq!(plan.after, vec![0, 0, 0], "phases at once wait for nothing");
         assert_eq!(plan.procs.len(), 3);
+    }
+
+    #[test]
+    fn a_process_opens_a_file_once_for_all_its_phases_on_it() {
+        let mut m = synthetic::read_then_write(2, 10);
+        // The write goes to the file read: one file, two phases, one process.
+        m.phases[1].file = 0;
+        let plan = Plan::new(&m).expect("a plan");
+        let p = &plan.procs[0];
+        assert_eq!(p.parts.len(), 2);
+        assert_eq!(
+            p.files.get(&0),
+            Some(&FileUse {
+                read: true,
+                write: true,
+                last: 1
+            })
+        );
+        assert_eq!(p.files.len(), 1);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Runs a plan: prepares the directory untimed, then a thread per process goes through its
 //! parts of the phases, each part once the phases it waits for are done.
 
-use crate::plan::{MetaOp, Part, Plan, Requests, Task};
+use crate::plan::{MetaOp, Part, Plan, Proc, Requests, Task};
 use crate::{Error, Measure, Options, PhaseKind, PhaseResult, Report};
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -13,9 +14,24 @@ use std::time::{Duration, Instant};
 use tessera_model::{AccessMode, DataOp, MetaKind, Model};
 use tessera_trace::{Event, Mode, Op, Writer};
 
-/// Replays `model` in `dir` (which must exist and be writable). Files that existed before the
-/// trace are prepared with their size first, untimed; then the phases run and are measured.
+/// Replays `model` in `dir` (which must exist and be writable): [`prepare`], then
+/// [`Prepared::run`].
 pub fn replay(model: &Model, dir: &Path, opts: &Options) -> Result<Report, Error> {
+    prepare(model, dir)?.run(opts)
+}
+
+/// A replay whose directory is prepared: what happens between this and the timed phases
+/// (dropping caches, starting a mount's trace) is the caller's.
+pub struct Prepared<'a> {
+    model: &'a Model,
+    plan: Plan,
+    dir: PathBuf,
+    prepared_bytes: u64,
+}
+
+/// Checks `dir` and makes what the replay of `model` needs there, untimed: files that existed
+/// before the trace, with their size.
+pub fn prepare<'a>(model: &'a Model, dir: &Path) -> Result<Prepared<'a>, Error> {
     let meta = std::fs::metadata(dir).map_err(|source| Error::Dir {
         path: dir.into(),
         source,
@@ -31,90 +47,103 @@ pub fn replay(model: &Model, dir: &Path, opts: &Options) -> Result<Report, Error
             source,
         })?;
     let plan = Plan::new(model)?;
-    let prepared_bytes = prepare(dir, &plan)?;
-    let (trace_path, writer) = match &opts.trace {
-        Some(d) => {
-            let io = |source| Error::Trace {
-                path: d.clone(),
-                source,
-            };
-            std::fs::create_dir_all(d).map_err(io)?;
-            let source = format!("replay {}", dir.display());
-            let opts = tessera_trace::Options::default();
-            let (path, w) = Writer::create_in(d, source, Mode::Library, &opts).map_err(io)?;
-            (Some(path), Some(w))
-        }
-        None => (None, None),
-    };
-    let mut sched = Sched {
-        left: plan.np.clone(),
-        started: vec![0; plan.tasks.len()],
-        done: vec![false; plan.tasks.len()],
-        prefix: 0,
-        measures: vec![Span::default(); plan.tasks.len()],
-        error: None,
-    };
-    // A phase without processes (a hand-made model) is done before it starts.
-    for task in (0..plan.tasks.len()).filter(|&t| plan.np[t] == 0) {
-        sched.complete(task, &plan.by_end);
-    }
-    let run = Run {
+    let prepared_bytes = prepare_dir(dir, &plan)?;
+    Ok(Prepared {
         model,
-        plan: &plan,
-        dir,
-        think_time: opts.think_time,
-        seed: opts.seed,
-        // SAFETY: getuid cannot fail.
-        uid: unsafe { libc::getuid() },
-        base: Instant::now(),
-        writer: writer.as_ref(),
-        sched: Mutex::new(sched),
-        changed: Condvar::new(),
-        failed: AtomicBool::new(false),
-    };
-    std::thread::scope(|s| {
-        let mut started = Vec::new();
-        for p in &plan.procs {
-            let spawned = std::thread::Builder::new()
-                .name(format!("replay-{}", p.pid))
-                .spawn_scoped(s, || run.process(p.pid, &p.parts));
-            match spawned {
-                Ok(h) => started.push(h),
-                Err(e) => {
-                    run.fail(Error::Thread(e));
-                    break;
+        plan,
+        dir: dir.to_path_buf(),
+        prepared_bytes,
+    })
+}
+
+impl Prepared<'_> {
+    /// Runs the phases and measures them.
+    pub fn run(&self, opts: &Options) -> Result<Report, Error> {
+        let (model, plan, dir) = (self.model, &self.plan, self.dir.as_path());
+        let (trace_path, writer) = match &opts.trace {
+            Some(d) => {
+                let io = |source| Error::Trace {
+                    path: d.clone(),
+                    source,
+                };
+                std::fs::create_dir_all(d).map_err(io)?;
+                let source = format!("replay {}", dir.display());
+                let opts = tessera_trace::Options::default();
+                let (path, w) = Writer::create_in(d, source, Mode::Library, &opts).map_err(io)?;
+                (Some(path), Some(w))
+            }
+            None => (None, None),
+        };
+        let mut sched = Sched {
+            left: plan.np.clone(),
+            started: vec![0; plan.tasks.len()],
+            done: vec![false; plan.tasks.len()],
+            prefix: 0,
+            measures: vec![Span::default(); plan.tasks.len()],
+            error: None,
+        };
+        // A phase without processes (a hand-made model) is done before it starts.
+        for task in (0..plan.tasks.len()).filter(|&t| plan.np[t] == 0) {
+            sched.complete(task, &plan.by_end);
+        }
+        let run = Run {
+            model,
+            plan: &plan,
+            dir,
+            think_time: opts.think_time,
+            seed: opts.seed,
+            // SAFETY: getuid cannot fail.
+            uid: unsafe { libc::getuid() },
+            base: Instant::now(),
+            writer: writer.as_ref(),
+            sched: Mutex::new(sched),
+            changed: Condvar::new(),
+            failed: AtomicBool::new(false),
+        };
+        std::thread::scope(|s| {
+            let mut started = Vec::new();
+            for p in &plan.procs {
+                let spawned = std::thread::Builder::new()
+                    .name(format!("replay-{}", p.pid))
+                    .spawn_scoped(s, || run.process(p));
+                match spawned {
+                    Ok(h) => started.push(h),
+                    Err(e) => {
+                        run.fail(Error::Thread(e));
+                        break;
+                    }
                 }
             }
-        }
-        for h in started {
-            if h.join().is_err() {
-                run.fail(Error::Model("a replay thread failed".into()));
+            for h in started {
+                if h.join().is_err() {
+                    run.fail(Error::Model("a replay thread failed".into()));
+                }
             }
+        });
+        let sched = run
+            .sched
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(w) = writer {
+            w.finish();
         }
-    });
-    let sched = run
-        .sched
-        .into_inner()
-        .unwrap_or_else(PoisonError::into_inner);
-    if let Some(w) = writer {
-        w.finish();
+        if let Some(e) = sched.error {
+            return Err(e);
+        }
+        Ok(report(
+            model,
+            &plan,
+            dir,
+            opts,
+            self.prepared_bytes,
+            &sched.measures,
+            trace_path,
+        ))
     }
-    if let Some(e) = sched.error {
-        return Err(e);
-    }
-    Ok(report(
-        model,
-        &plan,
-        dir,
-        opts,
-        prepared_bytes,
-        &sched.measures,
-        trace_path,
-    ))
 }
 
 /// Makes what the replay needs before timing starts; the bytes written.
-fn prepare(dir: &Path, plan: &Plan) -> Result<u64, Error> {
+fn prepare_dir(dir: &Path, plan: &Plan) -> Result<u64, Error> {
     let io = |what, path: &Path| {
         let path = path.to_path_buf();
         move |source| Error::Io { what, path, source }
@@ -273,7 +302,8 @@ impl Run<'_> {
         self.changed.notify_all();
     }
 
-    fn process(&self, pid: u32, parts: &[Part]) {
+    fn process(&self, proc: &Proc) {
+        let pid = proc.pid;
         let exe = self
             .model
             .processes
@@ -284,8 +314,9 @@ impl Run<'_> {
             pid,
             exe: exe.as_deref().map(str::as_bytes),
             buf: Vec::new(),
+            open: HashMap::new(),
         };
-        for part in parts {
+        for (k, part) in proc.parts.iter().enumerate() {
             if self.wait(part.task).is_err() {
                 return;
             }
@@ -297,7 +328,14 @@ impl Run<'_> {
             }
             let mut span = Span::default();
             let done = match &self.plan.tasks[part.task] {
-                Task::Data(i) => self.data(&mut me, *i, *part, &mut span),
+                Task::Data(i) => {
+                    let file = self.model.phases[*i].file;
+                    let done = self.data(&mut me, proc, *i, *part, &mut span);
+                    if proc.files.get(&file).is_some_and(|u| u.last == k) {
+                        me.open.remove(&file);
+                    }
+                    done
+                }
                 Task::Meta(i, ops) => {
                     let ops = Plan::share(ops, part.slot, self.plan.np[part.task]);
                     self.meta(&me, *i, ops, &mut span)
@@ -368,7 +406,14 @@ impl Run<'_> {
 
     /// A process's part of data phase `i`. Its processes ran it at once in the trace: none
     /// makes its last request before every other has made its first.
-    fn data(&self, me: &mut Me, i: usize, part: Part, span: &mut Span) -> Result<(), Stopped> {
+    fn data(
+        &self,
+        me: &mut Me,
+        proc: &Proc,
+        i: usize,
+        part: Part,
+        span: &mut Span,
+    ) -> Result<(), Stopped> {
         let phase = &self.model.phases[i];
         let rel = &self.plan.file_paths[phase.file as usize];
         let path = self.dir.join(rel);
@@ -380,15 +425,25 @@ impl Run<'_> {
             });
             Stopped
         };
-        let write = phase.op == DataOp::Write;
-        let file = OpenOptions::new()
-            .read(!write)
-            .write(write)
-            .create(write)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| stop("opening", e))?;
-        let ino = file.metadata().map_or(0, |m| m.ino());
+        if !me.open.contains_key(&phase.file) {
+            let (read, write) = proc
+                .files
+                .get(&phase.file)
+                .map_or((true, false), |u| (u.read, u.write));
+            let file = OpenOptions::new()
+                .read(read)
+                .write(write)
+                .create(write)
+                .truncate(false)
+                .open(&path)
+                .map_err(|e| stop("opening", e))?;
+            let ino = file.metadata().map_or(0, |m| m.ino());
+            me.open.insert(phase.file, (file, ino));
+        }
+        let Some((file, ino)) = me.open.get(&phase.file) else {
+            return Err(Stopped);
+        };
+        let (file, ino) = (file, *ino);
         let traced = format!("/{}", rel.display());
         let (what, op) = match phase.op {
             DataOp::Read => ("reading", Op::Read),
@@ -520,11 +575,13 @@ impl Run<'_> {
     }
 }
 
-/// A replay thread's own: the process it stands for and its buffer.
+/// A replay thread's own: the process it stands for, its buffer and the files it has open
+/// (by model file id, with their inode).
 struct Me<'a> {
     pid: u32,
     exe: Option<&'a [u8]>,
     buf: Vec<u8>,
+    open: HashMap<u32, (File, u64)>,
 }
 
 /// One metadata operation on `path`: the trace's operation for it, and its result (entries
