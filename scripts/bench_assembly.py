@@ -69,7 +69,7 @@ def abyss(tmp: str, reads: str, k: int) -> Dict[str, Any]:
     d = os.path.join(tmp, "abyss")
     os.makedirs(d)
     t = time.perf_counter()
-    sh("abyss-pe", f"k={k}", "name=asm", f"se={reads}", "j=2", cwd=d)
+    sh("abyss-pe", f"k={k}", "name=asm", f"se={reads}", "j=2", "B=1G", cwd=d)
     secs = time.perf_counter() - t
     fa = os.path.join(d, "asm-contigs.fa")
     if not os.path.exists(fa):
