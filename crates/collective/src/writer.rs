@@ -17,12 +17,12 @@ use tessera_client::{Client, ErrorCode, FileKind, SetAttr, Timespec};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-/// What a writer holds of its records.
+/// What a writer holds of its records (boxed: one per writer, and the two differ in size).
 enum Records {
     /// Records of any size, with or without keys.
-    Any(Spiller),
+    Any(Box<Spiller>),
     /// Fixed-size records placed by key.
-    Fixed(Placer),
+    Fixed(Box<Placer>),
 }
 
 /// One writer of a collective output. Drop it without [`Collective::finalise`] and it leaves
@@ -112,8 +112,14 @@ impl Collective {
         client.write(&alive_path, alive.as_bytes()).await?;
         let ino = client.stat(&alive_path).await?.ino;
         let records = match &opts.fixed {
-            Some(f) => Records::Fixed(Placer::new(client, &dir, rank, f.clone(), opts.threshold)),
-            None => Records::Any(Spiller::new(client, &dir, &opts)),
+            Some(f) => Records::Fixed(Box::new(Placer::new(
+                client,
+                &dir,
+                rank,
+                f.clone(),
+                opts.threshold,
+            ))),
+            None => Records::Any(Box::new(Spiller::new(client, &dir, &opts))),
         };
         Ok(Self {
             heartbeat: tokio::spawn(beat(client.clone(), ino)),

@@ -3,6 +3,7 @@
 
 use crate::plan::{MetaOp, Part, Plan, Proc, Requests, Task};
 use crate::{Error, Measure, Options, PhaseKind, PhaseResult, Report};
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
@@ -88,7 +89,7 @@ impl Prepared<'_> {
         }
         let run = Run {
             model,
-            plan: &plan,
+            plan,
             dir,
             think_time: opts.think_time,
             seed: opts.seed,
@@ -132,7 +133,7 @@ impl Prepared<'_> {
         }
         Ok(report(
             model,
-            &plan,
+            plan,
             dir,
             opts,
             self.prepared_bytes,
@@ -425,7 +426,7 @@ impl Run<'_> {
             });
             Stopped
         };
-        if !me.open.contains_key(&phase.file) {
+        if let Entry::Vacant(v) = me.open.entry(phase.file) {
             let (read, write) = proc
                 .files
                 .get(&phase.file)
@@ -438,7 +439,7 @@ impl Run<'_> {
                 .open(&path)
                 .map_err(|e| stop("opening", e))?;
             let ino = file.metadata().map_or(0, |m| m.ino());
-            me.open.insert(phase.file, (file, ino));
+            v.insert((file, ino));
         }
         let Some((file, ino)) = me.open.get(&phase.file) else {
             return Err(Stopped);
