@@ -140,15 +140,19 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
         }
         None => table(&report, &mut out)?,
     }
-    // Standard output holds only the JSON when it goes there.
+    // Standard output holds only the JSON when it goes there (the comparison goes to stderr).
     match (&mount_trace, args.json.as_deref()) {
         (_, Some(p)) if p == Path::new("-") => {}
         (Some(t), _) => writeln!(out, "the mount's trace of the phases: {}", t.display())?,
         (None, _) => {}
     }
     if let Some(c) = comparison {
-        writeln!(out, "\ncompared with the original's model:")?;
-        write!(out, "{}", c.text(false))?;
+        let text = format!("\ncompared with the original's model:\n{}", c.text(false));
+        if args.json.as_deref() == Some(Path::new("-")) {
+            eprint!("{text}");
+        } else {
+            write!(out, "{text}")?;
+        }
         if !c.shape_matches() {
             bail!("the replay did not do what the original did (see above)");
         }
