@@ -171,6 +171,10 @@ def fio_replay(c: Cluster, original: Path, name: str) -> Dict[str, Any]:
     return {"wall_s": wall, "io_s": phases_io_s(model), "shape": shape(model)}
 
 
+# `burn` or `sleep`: replays keep the model's time between requests (tessera replay --think-time).
+THINK = os.environ.get("THINK", "")
+
+
 def model_replay(c: Cluster, model: Path, original: Path, rdir: Path, name: str
                  ) -> Dict[str, Any]:
     """The model replayed in `rdir`, the mount tracing its phases only, checked against the
@@ -180,7 +184,8 @@ def model_replay(c: Cluster, model: Path, original: Path, rdir: Path, name: str
     t = time.monotonic()
     done = subprocess.run(
         [c.bin, "replay", str(model), "--dir", str(rdir), "--drop-caches", "--mount-trace",
-         str(tdir), "--check", str(original), "--json", str(out)],
+         str(tdir), "--check", str(original), "--json", str(out)]
+        + ([f"--think-time={THINK}"] if THINK else []),
         text=True, capture_output=True, timeout=1800, env=c.env)
     wall = time.monotonic() - t
     if not out.exists():

@@ -9,7 +9,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tessera_model::{export, Model};
-use tessera_replay::{Options, PhaseKind, Report};
+use tessera_replay::{Options, PhaseKind, Report, Think};
 
 #[derive(clap::Args, Debug)]
 pub struct ReplayArgs {
@@ -18,9 +18,10 @@ pub struct ReplayArgs {
     /// The directory to replay in (a Tessera mount, tmpfs, a local disk, NFS...).
     #[arg(long, required_unless_present = "export")]
     dir: Option<PathBuf>,
-    /// Wait the model's distance between one request and the next (the application's compute).
-    #[arg(long)]
-    think_time: bool,
+    /// Keep the model's distance between one request and the next, the application's own time:
+    /// spent on a core (`burn`, the default: its compute) or asleep (`sleep`).
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "burn")]
+    think_time: Option<ThinkArg>,
     /// Also write the results as JSON here (`-`: standard output, instead of the table).
     #[arg(long)]
     json: Option<PathBuf>,
@@ -51,6 +52,22 @@ pub struct ReplayArgs {
     /// Where the export goes (default: standard output).
     #[arg(short, long, requires = "export")]
     output: Option<PathBuf>,
+}
+
+/// `--think-time`'s values.
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+enum ThinkArg {
+    Burn,
+    Sleep,
+}
+
+impl From<ThinkArg> for Think {
+    fn from(a: ThinkArg) -> Think {
+        match a {
+            ThinkArg::Burn => Think::Burn,
+            ThinkArg::Sleep => Think::Sleep,
+        }
+    }
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy)]
@@ -87,7 +104,7 @@ pub fn run(args: &ReplayArgs) -> Result<()> {
     let scratch = (args.check.is_some() && args.trace.is_none() && args.mount_trace.is_none())
         .then(|| std::env::temp_dir().join(format!("tessera-replay-check-{}", std::process::id())));
     let opts = Options {
-        think_time: args.think_time,
+        think: args.think_time.map(Think::from),
         trace: args.trace.clone().or_else(|| scratch.clone()),
         seed: args.seed,
     };
@@ -298,10 +315,10 @@ fn table(r: &Report, out: &mut impl Write) -> Result<()> {
         r.dir.display(),
         r.processes,
         r.phases.len(),
-        if r.think_time {
-            ", with think time"
-        } else {
-            ""
+        match r.think {
+            Some(Think::Burn) => ", with think time on a core",
+            Some(Think::Sleep) => ", with think time asleep",
+            None => "",
         },
         human(r.prepared_bytes)
     )?;

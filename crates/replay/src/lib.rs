@@ -15,13 +15,24 @@ pub use run::{prepare, replay, Prepared};
 /// How to replay.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
-    /// Wait the model's distance between one request's start and the next (the application's
-    /// compute between them); without it, requests follow each other at once.
-    pub think_time: bool,
+    /// Keep the model's distance between one request's start and the next (the application's
+    /// own time between them); `None`: requests follow each other at once.
+    pub think: Option<Think>,
     /// Trace the replay into a new file in this directory (mode `library`, source `replay`).
     pub trace: Option<PathBuf>,
     /// Seeds the offsets of random phases (the same seed, the same offsets).
     pub seed: u64,
+}
+
+/// How a replay spends the application's time between two requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Think {
+    /// On a core, as the application's compute did: a mount's daemon on the same cores then
+    /// competes for them as it did under the original.
+    Burn,
+    /// Asleep, as an application waiting on something else (a pipe, the network).
+    Sleep,
 }
 
 /// What went wrong; nothing of the replay is measured then.
@@ -112,7 +123,8 @@ pub struct Report {
     /// The trace the model was made of.
     pub model: String,
     pub dir: PathBuf,
-    pub think_time: bool,
+    /// How the time between requests was spent, if it was kept.
+    pub think: Option<Think>,
     pub processes: u32,
     /// Bytes written before timing started, into files that existed before the trace.
     pub prepared_bytes: u64,

@@ -2,7 +2,7 @@
 //! parts of the phases, each part once the phases it waits for are done.
 
 use crate::plan::{MetaOp, Part, Plan, Proc, Requests, Task};
-use crate::{Error, Measure, Options, PhaseKind, PhaseResult, Report};
+use crate::{Error, Measure, Options, PhaseKind, PhaseResult, Report, Think};
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -91,7 +91,7 @@ impl Prepared<'_> {
             model,
             plan,
             dir,
-            think_time: opts.think_time,
+            think: opts.think,
             seed: opts.seed,
             // SAFETY: getuid cannot fail.
             uid: unsafe { libc::getuid() },
@@ -265,11 +265,23 @@ struct Sched {
     error: Option<Error>,
 }
 
+/// Spends the time until `until` as `think` says.
+fn spend(think: Think, until: Instant) {
+    match think {
+        Think::Sleep => std::thread::sleep(until.saturating_duration_since(Instant::now())),
+        Think::Burn => {
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
 struct Run<'a> {
     model: &'a Model,
     plan: &'a Plan,
     dir: &'a Path,
-    think_time: bool,
+    think: Option<Think>,
     seed: u64,
     uid: u32,
     base: Instant,
@@ -458,9 +470,9 @@ impl Run<'_> {
             if self.failed.load(Ordering::Relaxed) {
                 return Err(Stopped);
             }
-            if self.think_time {
+            if let Some(think) = self.think {
                 if let Some(t) = last_start {
-                    std::thread::sleep(pause.saturating_sub(t.elapsed()));
+                    spend(think, t + pause);
                 }
                 last_start = Some(Instant::now());
             }
@@ -675,7 +687,7 @@ fn report(
     Report {
         model: model.source.trace.clone(),
         dir: dir.to_path_buf(),
-        think_time: opts.think_time,
+        think: opts.think,
         processes: plan.procs.len() as u32,
         prepared_bytes,
         phases,

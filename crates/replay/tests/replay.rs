@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tessera_model::{compare, synthetic, Limits, Model, Profiler, Source};
-use tessera_replay::{replay, Error, Options, PhaseKind, Report};
+use tessera_replay::{replay, Error, Options, PhaseKind, Report, Think};
 use tessera_trace::{Item, Mode, Op, Reader, Record};
 
 /// Replays `m` in a new directory, traced; the report, the trace's records by start, and the
@@ -214,6 +214,29 @@ fn a_replay_reports_as_json() {
     assert_eq!((back.total.bytes, back.total.ops), (20, 2));
     assert_eq!(back.phases.len(), report.phases.len());
     assert_eq!(back.trace, report.trace);
+}
+
+#[test]
+fn think_time_keeps_the_distance_between_requests() {
+    // One process, 6 requests 20 ms apart: at least 100 ms from the first start to the last,
+    // spent on a core or asleep.
+    let mut m = synthetic::file_per_process(1, 6, 10);
+    m.phases[0].distance_ns = 20_000_000;
+    for think in [Think::Burn, Think::Sleep] {
+        let dir = tempfile::tempdir().expect("a directory");
+        let opts = Options {
+            think: Some(think),
+            ..Options::default()
+        };
+        let report = replay(&m, dir.path(), &opts).expect("the replay");
+        assert_eq!(report.think, Some(think));
+        assert_eq!(report.total.ops, 6);
+        assert!(
+            report.total.wall_ns >= 100_000_000,
+            "{think:?}: {} ns",
+            report.total.wall_ns
+        );
+    }
 }
 
 #[test]
