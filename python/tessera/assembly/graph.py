@@ -37,6 +37,8 @@ def locate(sorted_keys: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 def lookup(keys: np.ndarray, q: np.ndarray) -> np.ndarray:
     """``locate`` for keys in any order."""
+    if len(keys) == 0:
+        return np.full(len(q), -1, dtype=np.int64)
     order = np.argsort(keys, kind="stable")
     i = locate(keys[order], q)
     return np.where(i >= 0, order[np.maximum(i, 0)], -1)
@@ -70,6 +72,46 @@ def gather(src: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
         return empty(src.dtype.type)
     shift = starts - np.cumsum(lens) + lens
     return src[np.repeat(shift, lens) + np.arange(total)]
+
+
+def rank_lists(u: np.ndarray, v: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """List ranking in memory by pointer jumping, over the links ``u[i] -> v[i]`` (at most one
+    out of and one into any id): for each ``v[i]``, the first id of its list (its head), its
+    place in the list (1 for the one after the head) and whether it ends the list. A cycle is
+    cut before its least id, which becomes its head."""
+    nodes = np.unique(np.concatenate([u, v]))
+    n = len(nodes)
+    ui, vi = locate(nodes, u), locate(nodes, v)
+    prv = np.full(n, -1, dtype=np.int64)
+    prv[vi] = ui
+    rounds = max(1, int(n).bit_length()) + 1
+    root, dist = _jump(prv, rounds)
+    cyc = prv[root] >= 0  # never reached a vertex without a predecessor
+    if cyc.any():
+        # the least index on each cycle, by jumping with minimum, is cut from its predecessor
+        idx = np.arange(n)
+        least = np.where(cyc, idx, n)
+        ptr = np.where(cyc, prv, idx)
+        for _ in range(rounds):
+            least = np.minimum(least, least[ptr])
+            ptr = ptr[ptr]
+        prv[cyc & (least == idx)] = -1
+        root, dist = _jump(prv, rounds)
+    has_next = np.zeros(n, dtype=bool)
+    has_next[prv[prv >= 0]] = True
+    return nodes[root[vi]], dist[vi], ~has_next[vi]
+
+
+def _jump(prv: np.ndarray, rounds: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Pointer jumping along ``prv`` (-1: none): each index's farthest predecessor reached in
+    ``rounds`` doublings, and how far it is."""
+    idx = np.arange(len(prv))
+    ptr = np.where(prv >= 0, prv, idx)
+    dist = (prv >= 0).astype(np.int64)
+    for _ in range(rounds):
+        dist = dist + dist[ptr]
+        ptr = ptr[ptr]
+    return ptr, dist
 
 
 @dataclass
@@ -232,6 +274,19 @@ class Outbox:
             sel = dest == q
             for name, col in columns.items():
                 self.boxes[q].setdefault(name, []).append(col[sel])
+
+    def send_vertices(
+        self, dest_ids: np.ndarray, part: "Part", idx: np.ndarray, columns: Dict[str, np.ndarray],
+        prefix: str,
+    ) -> None:
+        """Like ``send``, with the sequences of vertices ``idx`` of ``part`` along (columns
+        ``PREFIX_len`` and ``PREFIX_seq``)."""
+        dest = kmers.partition_of(dest_ids, self.parts)
+        for q in np.unique(dest).tolist():
+            sel = dest == q
+            lens, codes = part.sequences(idx[sel])
+            cols = {name: col[sel] for name, col in columns.items()}
+            self.send_to(q, {**cols, f"{prefix}_len": lens, f"{prefix}_seq": codes})
 
     def send_to(self, q: int, columns: Dict[str, np.ndarray]) -> None:
         for name, col in columns.items():

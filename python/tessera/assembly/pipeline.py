@@ -79,7 +79,8 @@ class Supersteps:
         self.round = 0
         self.token = uuid.uuid4().hex[:8]
         self.times: Dict[str, float] = {}
-        self.counters: Dict[str, int] = {"supersteps": 0, "rounds": 0, "bytes_written": 0}
+        self.counters: Dict[str, int] = {
+            "supersteps": 0, "rounds": 0, "ranked": 0, "bytes_written": 0}
 
     def run(self, action: str, phase: str) -> Dict[str, int]:
         t0 = time.perf_counter()
@@ -102,12 +103,20 @@ class Supersteps:
         return res
 
     def compress(self) -> None:
+        """Random rounds until no mergeable edge is left, or until few are: then they are
+        ranked in one task and joined in two more supersteps."""
         while True:
             self.run("offer", "compress")
             r = self.run("accept", "compress")
             self.round += 1
             self.counters["rounds"] += 1
-            if r["mergeable"] == r["merged"]:
+            left = r["mergeable"] - r["merged"]
+            if left == 0:
+                return
+            if left < self.prm.finish_below:
+                self.run("collect", "compress")
+                self.counters["ranked"] += self.run("chains", "compress")["chained"]
+                self.run("join", "compress")
                 return
 
     def simplify(self) -> Dict[str, int]:
