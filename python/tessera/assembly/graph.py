@@ -195,12 +195,12 @@ class Part:
         """Drops vertices ``gone`` (ids; absent ones ignored) and the edges kept with them."""
         if len(gone) == 0:
             return
-        keep = locate(np.unique(gone), self.ids) < 0
+        g = np.unique(gone)
+        keep = locate(g, self.ids) < 0
         lens = self.lens[keep]
         self.seq = gather(self.seq, self.off[:-1][keep], lens)
         self.off = np.r_[0, np.cumsum(lens)].astype(np.int64)
         self.ids, self.w = self.ids[keep], self.w[keep]
-        g = np.unique(gone)
         ko = locate(g, self.osrc) < 0
         self.osrc, self.odst, self.ocnt = self.osrc[ko], self.odst[ko], self.ocnt[ko]
         ki = locate(g, self.idst) < 0
@@ -269,11 +269,18 @@ class Outbox:
         """Sends row ``i`` of ``columns`` to the partition of vertex ``dest_ids[i]``."""
         if len(dest_ids) == 0:
             return
-        dest = kmers.partition_of(dest_ids, self.parts)
-        for q in np.unique(dest).tolist():
-            sel = dest == q
+        for q, sel in self.split(dest_ids):
             for name, col in columns.items():
                 self.boxes[q].setdefault(name, []).append(col[sel])
+
+    def split(self, dest_ids: np.ndarray) -> List[Tuple[int, np.ndarray]]:
+        """The rows for each partition that vertices ``dest_ids`` go to (one sort, not a
+        pass over the rows for each partition)."""
+        dest = kmers.partition_of(dest_ids, self.parts)
+        order = np.argsort(dest, kind="stable")
+        bounds = np.searchsorted(dest[order], np.arange(self.parts + 1)).tolist()
+        return [(q, order[bounds[q]:bounds[q + 1]]) for q in range(self.parts)
+                if bounds[q + 1] > bounds[q]]
 
     def send_vertices(
         self, dest_ids: np.ndarray, part: "Part", idx: np.ndarray, columns: Dict[str, np.ndarray],
@@ -281,9 +288,7 @@ class Outbox:
     ) -> None:
         """Like ``send``, with the sequences of vertices ``idx`` of ``part`` along (columns
         ``PREFIX_len`` and ``PREFIX_seq``)."""
-        dest = kmers.partition_of(dest_ids, self.parts)
-        for q in np.unique(dest).tolist():
-            sel = dest == q
+        for q, sel in self.split(dest_ids):
             lens, codes = part.sequences(idx[sel])
             cols = {name: col[sel] for name, col in columns.items()}
             self.send_to(q, {**cols, f"{prefix}_len": lens, f"{prefix}_seq": codes})

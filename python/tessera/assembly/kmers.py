@@ -27,7 +27,18 @@ def check_k(k: int) -> None:
 
 
 def revcomp(seq: str) -> str:
-    return seq.encode().translate(_COMPLEMENT)[::-1].decode()
+    return revcomp_bytes(seq.encode()).decode()
+
+
+def revcomp_bytes(seq: bytes) -> bytes:
+    return seq.translate(_COMPLEMENT)[::-1]
+
+
+def both_strands(seqs: List[bytes]) -> List[bytes]:
+    """The reads and their reverse complements: a read may come from either strand, so the
+    graph holds every k-mer and edge with its reverse complement, seen as often, and the two
+    strands simplify alike (each contig comes with its reverse complement)."""
+    return seqs + [revcomp_bytes(s) for s in seqs]
 
 
 def codes_of(seq: bytes) -> np.ndarray:

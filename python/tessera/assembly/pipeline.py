@@ -79,6 +79,8 @@ class Supersteps:
         self.round = 0
         self.token = uuid.uuid4().hex[:8]
         self.times: Dict[str, float] = {}
+        # the tasks' own time by phase, summed over tasks: reading, working, writing
+        self.task_seconds: Dict[str, Dict[str, float]] = {}
         self.counters: Dict[str, int] = {
             "supersteps": 0, "rounds": 0, "ranked": 0, "bytes_written": 0}
 
@@ -97,6 +99,9 @@ class Supersteps:
         self.times[phase] = self.times.get(phase, 0.0) + time.perf_counter() - t0
         self.counters["supersteps"] += 1
         self.counters["bytes_written"] += res.get("bytes_written", 0)
+        spent = self.task_seconds.setdefault(phase, {"read": 0.0, "work": 0.0, "write": 0.0})
+        for part in spent:
+            spent[part] += res.get(f"{part}_us", 0) / 1e6
         if self.show:
             print(f"\r{phase}: superstep {self.step}, {res.get('vertices', 0)} vertices   ",
                   end="", file=sys.stderr, flush=True)
@@ -229,7 +234,8 @@ def run(cfg: Config, client: Any = None) -> Result:
         stats = ctg.stats([len(s) for s, _ in found], cfg.min_length)
         work.write("stats.json", json.dumps(stats, indent=1).encode())
         stages["contigs"] = time.perf_counter() - t0
-        counters.update(supersteps=steps.counters, removed=removed)
+        counters.update(supersteps=steps.counters, task_seconds=steps.task_seconds,
+                        removed=removed)
         merged = None
         if cfg.trace:
             client.run(close_filesystems)

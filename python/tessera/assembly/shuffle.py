@@ -67,10 +67,11 @@ def graph_name(r: int) -> str:
 def map_task(
     m: int, block: Block, k: int, parts: int, shuffle: Store, combine: bool = True
 ) -> Dict[str, int]:
-    """Edges of one block, counted (the combiner) and written to one file per partition."""
+    """Edges of one block's reads on both strands, counted (the combiner) and written to one
+    file per partition."""
     seqs = kmers.fastq_sequences(read_block(block))
     kept = kmers.acgt_only(seqs)
-    edges = kmers.edges_of(kept, k)
+    edges = kmers.edges_of(kmers.both_strands(kept), k)
     if combine:
         uniq, counts = kmers.count(edges)
     else:

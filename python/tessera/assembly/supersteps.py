@@ -23,6 +23,7 @@ hash of the vertex, the round and the seed.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List
 
@@ -274,15 +275,9 @@ def bubble_candidates(part: Part, out: Outbox, prm: Params) -> Dict[str, int]:
     b = part.ids[one]
     ok = (pred != b) & (succ != b)
     b, pred, succ = b[ok], pred[ok], succ[ok]
-    dest = kmers.partition_of(pred, prm.parts)
-    for q in np.unique(dest).tolist():
-        sel = dest == q
-        idx = locate(part.ids, b[sel])
-        lens, codes = part.sequences(idx)
-        out.send_to(q, {
-            "bb_p": pred[sel], "bb_s": succ[sel], "bb_id": b[sel], "bb_w": part.w[idx],
-            "bb_len": lens, "bb_seq": codes,
-        })
+    idx = locate(part.ids, b)
+    cols = {"bb_p": pred, "bb_s": succ, "bb_id": b, "bb_w": part.w[idx]}
+    out.send_vertices(pred, part, idx, cols, "bb")
     return {"candidates": len(b)}
 
 
@@ -323,9 +318,10 @@ def coverage(weight: int, length: int, k: int) -> float:
 
 def bubble_losers(branches: List[Any], prm: Params) -> List[Any]:
     """Of ``(coverage, sequence, tag)`` branches between the same two vertices, the tags of
-    those to remove: the best covered (then the smallest sequence) stays, and those similar
-    to it go. Shared with the reference implementation."""
-    ranked = sorted(branches, key=lambda x: (-x[0], x[1]))
+    those to remove: the best covered (then the least by the lesser of sequence and reverse
+    complement, so that the other strand's bubble keeps the same branch) stays, and those
+    similar to it go. Shared with the reference implementation."""
+    ranked = sorted(branches, key=lambda x: (-x[0], min(x[1], kmers.revcomp_bytes(x[1])), x[1]))
     best = ranked[0][1]
     return [tag for _, seq, tag in ranked[1:] if similar(seq, best, prm.similarity)]
 
@@ -338,23 +334,33 @@ def superstep(
 ) -> Dict[str, int]:
     """Superstep ``step`` of partition ``p``: its state and messages from ``step - 1`` in,
     ``action`` done, its state and messages of ``step`` out."""
+    t0 = time.perf_counter()
     out = Outbox(prm.parts)
     here = step_dir(step)
     if action == "load":
         part = load(out, p, prm, graph)
         stats = {"edges": len(part.osrc)}
+        t1 = t0
     else:
         prev = step_dir(step - 1)
         part = Part.load(work, f"{prev}/state-{p:05d}.npz")
         m = inbox(work, prev, p)
+        t1 = time.perf_counter()
         apply(part, m)
         stats = ACTIONS[action](part, out, m, rnd, prm)
     if action == "finish":
         work.write(f"final/graph-{p:05d}.txt", part.text())
+    t2 = time.perf_counter()
     written = part.save(work, f"{here}/state-{p:05d}.npz")
     written += out.write(work, here, p)
+    # where a task's time goes (the rest of a superstep's time is Dask's and waiting)
+    stats.update(read_us=_us(t1 - t0), work_us=_us(t2 - t1), write_us=_us(time.perf_counter() - t2))
     stats.update(vertices=len(part.ids), bytes_written=written)
     return stats
+
+
+def _us(seconds: float) -> int:
+    return int(seconds * 1e6)
 
 
 ACTIONS: Dict[str, Callable[[Part, Outbox, Arrays, int, Params], Dict[str, int]]] = {
