@@ -12,7 +12,8 @@ the package's own simulator when dwgsim is missing. On one `tessera up` cluster 
   * ABySS (abyss-pe, same k, same reads) timed, and both contig sets' statistics (contigs of
     200 bases or more) and alignment to the genome (minimap2: misassembled contigs).
 
-Prints the figures (a table of the stages by where the shuffle was) and writes JSON (OUT_JSON, default bench-assembly.json).
+Prints the figures (a table of the stages by where the shuffle was) and writes JSON (OUT_JSON,
+default bench-assembly.json).
 """
 
 from __future__ import annotations

@@ -167,7 +167,8 @@ def test_remote_workers_one_killed_mid_superstep(sample: Sample, tmp_path: Path)
             client.wait_for_workers(2, timeout=120)
             cloudpickle.register_pickle_by_value(sys.modules[__name__])
             flag = tmp_path / "killed"
-            client.register_plugin(KillOnce(str(flag), "accept-"))
+            # killed where the lists ranked in one task are joined at their heads
+            client.register_plugin(KillOnce(str(flag), "join-"))
             work = f"tessera://{sample.base}/remote"
             cfg = Config(
                 reads=sample.reads_url, work=work, params=PARAMS, min_count=MIN_COUNT,

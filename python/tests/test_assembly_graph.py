@@ -106,6 +106,17 @@ def test_edges_are_the_k_plus_one_mers_of_acgt_reads() -> None:
     assert dict(zip((kmers.decode(int(e), 4) for e in uniq), counts.tolist()))["TTTT"] == 3
 
 
+def test_codes_pack_four_to_a_byte() -> None:
+    r = np.random.default_rng(4)
+    for n in range(0, 41):
+        codes = r.integers(0, 4, n).astype(np.uint8)
+        packed = kmers.pack_codes(codes)
+        assert len(packed) == -(-n // 4)
+        assert kmers.unpack_codes(packed, n).tolist() == codes.tolist()
+    with pytest.raises(ValueError):
+        kmers.unpack_codes(np.zeros(2, np.uint8), 9)
+
+
 def test_adjacency_text_round_trips() -> None:
     adj = adjacency([("ACGTTGCA", 2), ("ACGTA", 1)])
     edges = np.array(sorted(kmers.encode(a + b) for a, s in adj.items() for b in s), np.uint64)

@@ -143,10 +143,14 @@ class Part:
     @classmethod
     def load(cls, store: Store, name: str) -> "Part":
         a = store.load_arrays(name)
+        a["seq"] = kmers.unpack_codes(a["seq"], int(a["off"][-1]))
         return cls(int(a["k"][0]), *(a[f] for f in cls.FIELDS))
 
     def save(self, store: Store, name: str) -> int:
+        """The state as a file of arrays, the sequences 2 bits a base (a superstep reads
+        and writes every partition's state, so its size is much of a superstep's I/O)."""
         arrays = {f: getattr(self, f) for f in self.FIELDS}
+        arrays["seq"] = kmers.pack_codes(self.seq)
         arrays["k"] = np.array([self.k])
         return store.save_arrays(name, arrays)
 

@@ -46,6 +46,22 @@ def codes_of(seq: bytes) -> np.ndarray:
     return np.asarray(_CODE[np.frombuffer(seq, dtype=np.uint8)])
 
 
+def pack_codes(codes: np.ndarray) -> np.ndarray:
+    """2-bit codes, four to a byte (the first in the highest bits)."""
+    padded = np.zeros(-(-len(codes) // 4) * 4, dtype=np.uint8)
+    padded[: len(codes)] = codes
+    q = padded.reshape(-1, 4)
+    return np.asarray((q[:, 0] << 6) | (q[:, 1] << 4) | (q[:, 2] << 2) | q[:, 3], dtype=np.uint8)
+
+
+def unpack_codes(packed: np.ndarray, n: int) -> np.ndarray:
+    """The first ``n`` codes of ``pack_codes``'s bytes."""
+    if n > 4 * len(packed):
+        raise ValueError(f"{len(packed)} packed bytes cannot hold {n} bases")
+    shifts = np.array([6, 4, 2, 0], dtype=np.uint8)
+    return np.asarray(((packed[:, None] >> shifts[None, :]) & 3).ravel()[:n], dtype=np.uint8)
+
+
 def ascii_of(codes: np.ndarray) -> bytes:
     return bytes(_ASCII[codes].tobytes())
 

@@ -10,10 +10,11 @@ hash of the vertex, the round and the seed.
 - compression (two supersteps a round, PGA's randomised list ranking): every vertex is a head
   or a tail by a coin (one that cannot be absorbed, in-degree not 1, is a head; one that cannot
   absorb, out-degree not 1, a tail); a tail ``v`` with one in-edge, from a head ``u`` with one
-  out-edge, is absorbed by ``u`` (``u`` takes ``v``'s sequence past the k-1 overlap, its weight and its
-  out-edges; ``v``'s successors are told to rename their in-edge). The rounds go on until no
-  edge ``u -> v`` with out(u) = 1 and in(v) = 1 is left, so the result is the maximal unitigs
-  whatever the coins.
+  out-edge, is absorbed by ``u`` (``u`` takes ``v``'s sequence past the k-1 overlap, its weight
+  and its out-edges; ``v``'s successors are told to rename their in-edge). The rounds go on
+  until no edge ``u -> v`` with out(u) = 1 and in(v) = 1 is left, or until fewer than
+  ``finish_below`` are: those lists are then ranked in one task and joined at their heads
+  (three supersteps). Either way the result is the maximal unitigs, whatever the coins.
 - tips (one superstep, removals applied at the next): vertices shorter than ``tip_len`` bases
   with no in-edge or no out-edge, all removed at once.
 - bubbles (two supersteps): short vertices with one in-edge and one out-edge tell their
