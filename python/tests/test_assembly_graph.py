@@ -127,8 +127,14 @@ def test_adjacency_text_round_trips() -> None:
     s, d, c = shuffle.parse_adjacency(text, K)
     assert (s << np.uint64(2) | (d & np.uint64(3))).tolist() == edges.tolist()
     assert c.tolist() == counts.tolist()
-    with pytest.raises(ValueError):
-        shuffle.parse_adjacency(b"ACGTX\tA:1\n", K)
+    # blank lines skipped, a last line without its newline read
+    s, d, c = shuffle.parse_adjacency(b"\nACGTA\tA:1,C:22\n\nTTTTT\tG:3", K)
+    assert [kmers.decode(int(x), K) for x in d] == ["CGTAA", "CGTAC", "TTTTG"]
+    assert c.tolist() == [1, 22, 3]
+    for bad in (b"ACGTX\tA:1\n", b"ACGTA\tA:1,\n", b"ACGTA\tE:1\n", b"ACGT\tA:1\n",
+                b"ACGTA\tA:1x\n", b"ACGTA\tA1\n", b"ACGTA\n", b"ACGTA\tA:1\nACGTA\tA:-1\n"):
+        with pytest.raises(ValueError, match="adjacency line"):
+            shuffle.parse_adjacency(bad, K)
 
 
 def test_record_boundaries_of_fastq_blocks(tmp_path: object) -> None:

@@ -160,6 +160,7 @@ def parse_adjacency(text: bytes, k: int) -> Tuple[np.ndarray, np.ndarray, np.nda
         return ValueError(f"adjacency line {line}: {what}: {shown!r}")
 
     ok = (nl - starts >= k + 4) & (buf[np.minimum(starts + k, len(buf) - 1)] == ord("\t"))
+    # (a line too short to hold a name reads its first byte k times, and fails below)
     names = buf[starts[:, None] + np.arange(k)[None, :] * ok[:, None]]
     codes = kmers.codes_of(names.tobytes()).reshape(-1, k)
     ok &= (codes != 255).all(axis=1)
@@ -175,15 +176,15 @@ def parse_adjacency(text: bytes, k: int) -> Tuple[np.ndarray, np.ndarray, np.nda
     base = kmers.codes_of(buf[item_start].tobytes())
     good = ((width >= 1) & (width <= 18) & (base != 255)
             & (buf[np.minimum(item_start + 1, len(buf) - 1)] == ord(":")))
-    if good.all():
-        # each count: its digits by their powers of ten, summed per item
-        pos = gather(np.arange(len(buf)), item_start + 2, width)
-        digits = buf[pos].astype(np.int64) - ord("0")
-        is_digit = (digits >= 0) & (digits <= 9)
-        if not is_digit.all():
-            good[np.repeat(np.arange(len(width)), width)[np.argmin(is_digit)]] = False
     if not good.all():
         raise bad(int(line_no[owner[np.argmin(good)]]), "bad successor")
+    # each count: its digits by their powers of ten, summed per item
+    pos = gather(np.arange(len(buf)), item_start + 2, width)
+    digits = buf[pos].astype(np.int64) - ord("0")
+    is_digit = (digits >= 0) & (digits <= 9)
+    if not is_digit.all():
+        item = np.repeat(np.arange(len(width)), width)[np.argmin(is_digit)]
+        raise bad(int(line_no[owner[item]]), "bad successor")
     value = digits * (10 ** (np.repeat(item_end, width) - pos - 1))
     cnt = np.add.reduceat(value, np.r_[0, np.cumsum(width)[:-1]])
     shifts = np.arange(2 * (k - 1), -1, -2, dtype=np.uint64)
