@@ -5,13 +5,15 @@ pairs, 0.5 % errors, no mutations, no random reads; both mates used as single re
 the package's own simulator when dwgsim is missing. On one `tessera up` cluster (4 servers):
 
   * the whole pipeline on a Dask LocalCluster with the reads, the shuffle, the graph and the
-    superstep state on Tessera: every stage timed, shuffled bytes against the input;
+    superstep state on Tessera: every stage timed, shuffled bytes against the input, and the
+    supersteps' task time split into reading, working and writing (summed over tasks);
   * graph construction again with the shuffle on local disk (/var/tmp) and on tmpfs
     (/dev/shm), the rest on Tessera;
   * ABySS (abyss-pe, same k, same reads) timed, and both contig sets' statistics (contigs of
     200 bases or more) and alignment to the genome (minimap2: misassembled contigs).
 
-Prints the figures and writes JSON (OUT_JSON, default bench-assembly.json).
+Prints the figures (a table of the stages by where the shuffle was) and writes JSON (OUT_JSON,
+default bench-assembly.json).
 """
 
 from __future__ import annotations
@@ -79,6 +81,30 @@ def abyss(tmp: str, reads: str, k: int) -> Dict[str, Any]:
     return {"seconds": secs, "contigs_fa": fa, "stats": ctg.stats(lengths, 200)}
 
 
+def print_runs(runs: Dict[str, Any], reads_bytes: int) -> None:
+    """Each stage's time by where the shuffle was, the shuffle's bytes against the input,
+    and where the supersteps' tasks spent their time."""
+    wheres = list(runs)
+    stages = list(dict.fromkeys(st for r in runs.values() for st in r["stages"]))
+    print(f"{'stage':24s}" + "".join(f"{w:>10s}" for w in wheres))
+    for st in stages:
+        cells = [runs[w]["stages"].get(st) for w in wheres]
+        print(f"{st:24s}" + "".join(f"{c:9.2f}s" if c is not None else f"{'-':>10s}"
+                                     for c in cells))
+    for w in wheres:
+        m = runs[w]["counters"]["map"]
+        print(f"shuffle ({w}): {m['shuffle_bytes']:,} bytes, {m['shuffle_records']:,} records, "
+              f"{m['shuffle_bytes'] / max(1, reads_bytes):.2f}x the {reads_bytes:,}-byte "
+              f"FASTQ", flush=True)
+    steps = runs["tessera"]["counters"].get("supersteps")
+    if steps:
+        print("supersteps:", json.dumps(steps))
+        for phase, spent in runs["tessera"]["counters"]["task_seconds"].items():
+            wall = runs["tessera"]["stages"][phase]
+            print(f"  {phase:10s} {wall:8.2f}s wall; tasks: " + ", ".join(
+                f"{part} {secs:.2f}s" for part, secs in spent.items()), flush=True)
+
+
 def main() -> int:
     length = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
     coverage = float(sys.argv[2]) if len(sys.argv) > 2 else 30.0
@@ -116,6 +142,7 @@ def main() -> int:
                     print("stats", json.dumps(res.stats), json.dumps(runs[where]["evaluate"]),
                           flush=True)
             out["runs"] = runs
+            print_runs(runs, out["input"]["reads_bytes"])
         out["abyss"] = abyss(tmp, out["input"]["reads"], k)
         if "contigs_fa" in out["abyss"]:
             out["abyss"]["evaluate"] = evaluate(out["abyss"]["contigs_fa"], out["input"]["genome"])

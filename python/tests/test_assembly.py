@@ -30,7 +30,8 @@ from tessera.assembly import contigs as ctg  # noqa: E402
 from tessera.assembly.kmers import fastq_sequences, revcomp  # noqa: E402
 from tessera.assembly.store import Store  # noqa: E402
 
-PARAMS = Params(k=21, parts=3, seed=3, rounds=2)
+# a few random rounds of chain compression, then the rest ranked in one task
+PARAMS = Params(k=21, parts=3, seed=3, rounds=2, finish_below=2000)
 MIN_COUNT = 1  # keep the error k-mers, so that there are tips and bubbles to remove
 
 
@@ -73,6 +74,13 @@ def check_same_as_reference(s: Sample, res: Any, work: str) -> None:
     assert res.contigs == s.contigs
     assert store.read("contigs.fa").decode() == ctg.fasta(s.contigs)
     assert json.loads(store.read("stats.json")) == res.stats
+    # both strands are in the graph and simplify alike: each vertex has its reverse
+    # complement's, and each contig is reported once, not with its reverse complement
+    seqs = {seq for seq, _ in res.nodes.values()}
+    loops = ctg.cycles(res.nodes, res.edges)
+    assert all(revcomp(seq) in seqs for v, (seq, _) in res.nodes.items() if v not in loops)
+    found = {seq for seq, _ in res.contigs}
+    assert not [seq for seq in found if seq != revcomp(seq) and revcomp(seq) in found]
     assert store.names("steps") == []  # the supersteps' files were removed as they went
 
 
@@ -90,7 +98,7 @@ def test_pipeline_matches_the_reference_and_is_traced(sample: Sample, tmp_path: 
     assert c["blocks"] > 1
     assert 0 < c["map"]["reads_kept"] < c["map"]["reads"]  # the reads with an N are dropped
     assert c["removed"]["tips"] > 0 and c["removed"]["bubbles"] > 0
-    assert c["supersteps"]["rounds"] > 1
+    assert c["supersteps"]["rounds"] > 1 and c["supersteps"]["ranked"] > 0
     assert 0 < c["shuffle_ratio"]
     largest = res.contigs[0][0]
     assert largest in sample.genome or revcomp(largest) in sample.genome
@@ -104,6 +112,18 @@ def test_pipeline_matches_the_reference_and_is_traced(sample: Sample, tmp_path: 
     model = json.loads(out.stdout)
     paths = json.dumps(model)
     assert "/graph/part-" in paths and "state-" in paths
+
+
+def test_reference_reports_each_contig_once() -> None:
+    """With the error k-mers dropped (min count 2), the reads of both strands give one
+    contig: the genome, once (not also its reverse complement), but for its ends."""
+    genome = simulate.genome(12_000, seed=21)
+    fq = simulate.reads(genome, 20, 100, error_rate=0.003, seed=22).encode()
+    adj = reference.de_bruijn(fastq_sequences(fq), PARAMS.k, 2)
+    found = ctg.contigs(*reference.simplify(adj, PARAMS), PARAMS.k)
+    stats = ctg.stats([len(seq) for seq, _ in found], 200)
+    assert stats["contigs"] == 1 and 0.99 * len(genome) <= stats["total"] <= len(genome)
+    assert found[0][0] in genome or revcomp(found[0][0]) in genome
 
 
 class KillOnce(WorkerPlugin):  # type: ignore[misc]
@@ -147,7 +167,8 @@ def test_remote_workers_one_killed_mid_superstep(sample: Sample, tmp_path: Path)
             client.wait_for_workers(2, timeout=120)
             cloudpickle.register_pickle_by_value(sys.modules[__name__])
             flag = tmp_path / "killed"
-            client.register_plugin(KillOnce(str(flag), "accept-"))
+            # killed where the lists ranked in one task are joined at their heads
+            client.register_plugin(KillOnce(str(flag), "join-"))
             work = f"tessera://{sample.base}/remote"
             cfg = Config(
                 reads=sample.reads_url, work=work, params=PARAMS, min_count=MIN_COUNT,

@@ -5,7 +5,7 @@ bubble, a cycle) run as supersteps on Dask and by the reference."""
 from __future__ import annotations
 
 import random
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -17,6 +17,7 @@ from distributed import Client  # noqa: E402
 from tessera.assembly import contigs as ctg  # noqa: E402
 from tessera.assembly import kmers, reference, shuffle  # noqa: E402
 from tessera.assembly.edit import within  # noqa: E402
+from tessera.assembly.graph import rank_lists  # noqa: E402
 from tessera.assembly.pipeline import Supersteps, read_final  # noqa: E402
 from tessera.assembly.store import Store  # noqa: E402
 from tessera.assembly.supersteps import Params  # noqa: E402
@@ -41,10 +42,11 @@ def adjacency(paths: List[Tuple[str, int]], k: int = K) -> reference.Adjacency:
 
 
 def dask_simplify(
-    client: Client, adj: reference.Adjacency, prm: Params, root: str
+    client: Client, adj: reference.Adjacency, prm: Params, root: str,
+    counters: Optional[Dict[str, int]] = None,
 ) -> Tuple[ctg.Nodes, ctg.Edges, Dict[str, int]]:
     """Writes ``adj`` as the partitioned adjacency lists the reduce stage writes, and runs
-    the supersteps on them."""
+    the supersteps on them (their counters into ``counters``)."""
     work = Store(root)
     graph = work.sub("graph")
     edges = np.array(sorted(kmers.encode(a + b) for a, succ in adj.items() for b in succ),
@@ -57,6 +59,8 @@ def dask_simplify(
         graph.write(shuffle.graph_name(r), shuffle.adjacency_text(edges[sel], counts[sel], prm.k))
     steps = Supersteps(client, prm, work, graph, show=False)
     removed = steps.simplify()
+    if counters is not None:
+        counters.update(steps.counters)
     nodes, es = read_final(work)
     return nodes, es, removed
 
@@ -102,6 +106,17 @@ def test_edges_are_the_k_plus_one_mers_of_acgt_reads() -> None:
     assert dict(zip((kmers.decode(int(e), 4) for e in uniq), counts.tolist()))["TTTT"] == 3
 
 
+def test_codes_pack_four_to_a_byte() -> None:
+    r = np.random.default_rng(4)
+    for n in range(0, 41):
+        codes = r.integers(0, 4, n).astype(np.uint8)
+        packed = kmers.pack_codes(codes)
+        assert len(packed) == -(-n // 4)
+        assert kmers.unpack_codes(packed, n).tolist() == codes.tolist()
+    with pytest.raises(ValueError):
+        kmers.unpack_codes(np.zeros(2, np.uint8), 9)
+
+
 def test_adjacency_text_round_trips() -> None:
     adj = adjacency([("ACGTTGCA", 2), ("ACGTA", 1)])
     edges = np.array(sorted(kmers.encode(a + b) for a, s in adj.items() for b in s), np.uint64)
@@ -112,8 +127,14 @@ def test_adjacency_text_round_trips() -> None:
     s, d, c = shuffle.parse_adjacency(text, K)
     assert (s << np.uint64(2) | (d & np.uint64(3))).tolist() == edges.tolist()
     assert c.tolist() == counts.tolist()
-    with pytest.raises(ValueError):
-        shuffle.parse_adjacency(b"ACGTX\tA:1\n", K)
+    # blank lines skipped, a last line without its newline read
+    s, d, c = shuffle.parse_adjacency(b"\nACGTA\tA:1,C:22\n\nTTTTT\tG:3", K)
+    assert [kmers.decode(int(x), K) for x in d] == ["CGTAA", "CGTAC", "TTTTG"]
+    assert c.tolist() == [1, 22, 3]
+    for bad in (b"ACGTX\tA:1\n", b"ACGTA\tA:1,\n", b"ACGTA\tE:1\n", b"ACGT\tA:1\n",
+                b"ACGTA\tA:1x\n", b"ACGTA\tA1\n", b"ACGTA\n", b"ACGTA\tA:1\nACGTA\tA:-1\n"):
+        with pytest.raises(ValueError, match="adjacency line"):
+            shuffle.parse_adjacency(bad, K)
 
 
 def test_record_boundaries_of_fastq_blocks(tmp_path: object) -> None:
@@ -208,6 +229,69 @@ def test_unlike_branches_are_not_a_bubble(dask_client: Client, tmp_path: object)
     assert len(g.vertices) == 4  # start, two branches, end
 
 
+def test_rank_lists_agrees_with_walking_them() -> None:
+    r = random.Random(8)
+    for trial in range(200):
+        ids = r.sample(range(1, 10_000), r.randint(2, 60))
+        links: Dict[int, int] = {}
+        i = 0
+        while i < len(ids) - 1:  # paths and cycles of random lengths over the ids
+            n = r.randint(2, 12)
+            group = ids[i : i + n]
+            links.update(zip(group, group[1:]))
+            if len(group) > 1 and r.random() < 0.3:
+                links[group[-1]] = group[0]
+            i += n
+        u = np.array(list(links), dtype=np.uint64)
+        v = np.array(list(links.values()), dtype=np.uint64)
+        head, rank, last = rank_lists(u, v)
+        got = list(zip(head.tolist(), rank.tolist(), last.tolist()))
+        assert got == [walked(links, x) for x in v.tolist()], trial
+
+
+def walked(links: Dict[int, int], x: int) -> Tuple[int, int, bool]:
+    """``x``'s list head (a cycle's least id), place and whether it ends the list, found
+    by walking the links one by one."""
+    prev = {b: a for a, b in links.items()}
+    cycle, y = [x], links.get(x)
+    while y is not None and y != x and len(cycle) <= len(links):
+        cycle.append(y)
+        y = links.get(y)
+    if y == x:  # on a cycle: counted from its least id
+        head = min(cycle)
+        place = (cycle.index(x) - cycle.index(head)) % len(cycle)
+        return head, place, links[x] == head
+    place, y = 0, x
+    while y in prev:
+        y, place = prev[y], place + 1
+    return y, place, x not in links
+
+
+def test_chains_finish_alike_by_rounds_and_in_one_task(
+    dask_client: Client, tmp_path: object
+) -> None:
+    # a small genome with repeats: chains that branch, tips, and a cycle of its own
+    r = random.Random(12)
+    genome = "".join(r.choice("ACGT") for _ in range(400))
+    genome = genome[:200] + genome[50:80] + genome[200:] + genome[300:330]
+    circle = random_seq(30, 13)
+    paths = [(genome, 5), (genome[100:140] + "A" * 3, 1), (circle + circle[:K], 2)]
+    adj = adjacency(paths)
+    got = []
+    for finish_below in (0, 2, 10, 1_000_000):
+        prm = Params(k=K, parts=3, seed=2, finish_below=finish_below)
+        counters: Dict[str, int] = {}
+        nodes, edges, _ = dask_simplify(
+            dask_client, adj, prm, f"{tmp_path}/{finish_below}", counters)
+        got.append(ctg.canonical(nodes, edges, K))
+        if finish_below == 0:
+            assert counters["ranked"] == 0  # random rounds to the end
+        if finish_below == 1_000_000:
+            assert counters["ranked"] > 0  # a round, then the rest in one task
+    want = ctg.canonical(*reference.simplify(adj, Params(k=K)), K)
+    assert all(g == want for g in got)
+
+
 def test_cycle_is_one_vertex_at_its_least_rotation(dask_client: Client, tmp_path: object) -> None:
     r = random.Random(5)
     while True:
@@ -223,9 +307,10 @@ def test_cycle_is_one_vertex_at_its_least_rotation(dask_client: Client, tmp_path
     assert got.vertices[0][0] == ctg.rotate(seq[:-1], K)
 
 
-def test_canonical_contigs_join_the_two_strands() -> None:
-    nodes = {1: ("AACGT", 3), 2: (kmers.revcomp("AACGT"), 4), 3: ("GG", 1)}
-    assert ctg.contigs(nodes, [], 3) == [("AACGT", 7), ("CC", 1)]
+def test_a_contig_and_its_reverse_complement_are_one() -> None:
+    # the two strands' vertices of a contig weigh the same; a palindrome is there once
+    nodes = {1: ("AACGT", 3), 2: (kmers.revcomp("AACGT"), 3), 3: ("GG", 1), 4: ("ACGT", 2)}
+    assert ctg.contigs(nodes, [], 3) == [("AACGT", 3), ("ACGT", 2), ("CC", 1)]
     assert ctg.stats([100, 50, 30, 20], 25) == {
         "contigs": 3, "total": 180, "largest": 100, "n50": 100, "min_length": 25}
     assert ctg.stats([40, 30, 30], 0)["n50"] == 30

@@ -20,8 +20,11 @@ def _params(a: argparse.Namespace) -> Params:
         raise ValueError("--parts must be at least 1")
     if not 0 <= a.similarity < 1:
         raise ValueError("--similarity must be in [0, 1)")
+    if a.finish_below < 0:
+        raise ValueError("--finish-below must not be negative")
     return Params(k=a.k, parts=a.parts, seed=a.seed, tip_len=a.tip_len,
-                  bubble_len=a.bubble_len, similarity=a.similarity, rounds=a.rounds)
+                  bubble_len=a.bubble_len, similarity=a.similarity, rounds=a.rounds,
+                  finish_below=a.finish_below)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -36,6 +39,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--similarity", type=float, default=0.1,
                    help="branches within this share of edits are alike (default 0.1)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of tips and bubbles")
+    p.add_argument("--finish-below", type=int, default=Params.finish_below,
+                   help="chain compression's random rounds stop once fewer mergeable edges "
+                   "are left, which are then ranked in one task (0: rounds to the end; "
+                   f"default {Params.finish_below})")
     p.add_argument("--min-length", type=int, default=200,
                    help="contigs counted in the statistics (default 200)")
 

@@ -83,9 +83,9 @@ def canonical(nodes: Nodes, edges: Edges, k: int) -> Canonical:
 
 def contigs(nodes: Nodes, edges: Edges, k: int, min_len: int = 0) -> List[Tuple[str, int]]:
     """The vertices as contigs ``(sequence, weight)``, each in its canonical orientation (the
-    lesser of it and its reverse complement; a cycle also at its least rotation), the two
-    strands' copies of a contig as one (weights added), sorted by length (longest first),
-    then sequence."""
+    lesser of it and its reverse complement; a cycle also at its least rotation), a contig
+    and its reverse complement (the other strand's vertex) once, sorted by length (longest
+    first), then sequence."""
     loops = cycles(nodes, edges)
     got: Dict[str, int] = {}
     for v, (seq, w) in nodes.items():
@@ -95,7 +95,7 @@ def contigs(nodes: Nodes, edges: Edges, k: int, min_len: int = 0) -> List[Tuple[
             seq = min(rotate(seq, k), rotate(revcomp(seq), k))
         else:
             seq = min(seq, revcomp(seq))
-        got[seq] = got.get(seq, 0) + w
+        got[seq] = max(got.get(seq, 0), w)  # the two strands' copies weigh the same
     return sorted(got.items(), key=lambda x: (-len(x[0]), x[0]))
 
 

@@ -37,6 +37,8 @@ def locate(sorted_keys: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 def lookup(keys: np.ndarray, q: np.ndarray) -> np.ndarray:
     """``locate`` for keys in any order."""
+    if len(keys) == 0:
+        return np.full(len(q), -1, dtype=np.int64)
     order = np.argsort(keys, kind="stable")
     i = locate(keys[order], q)
     return np.where(i >= 0, order[np.maximum(i, 0)], -1)
@@ -72,6 +74,46 @@ def gather(src: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return src[np.repeat(shift, lens) + np.arange(total)]
 
 
+def rank_lists(u: np.ndarray, v: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """List ranking in memory by pointer jumping, over the links ``u[i] -> v[i]`` (at most one
+    out of and one into any id): for each ``v[i]``, the first id of its list (its head), its
+    place in the list (1 for the one after the head) and whether it ends the list. A cycle is
+    cut before its least id, which becomes its head."""
+    nodes = np.unique(np.concatenate([u, v]))
+    n = len(nodes)
+    ui, vi = locate(nodes, u), locate(nodes, v)
+    prv = np.full(n, -1, dtype=np.int64)
+    prv[vi] = ui
+    rounds = max(1, int(n).bit_length()) + 1
+    root, dist = _jump(prv, rounds)
+    cyc = prv[root] >= 0  # never reached a vertex without a predecessor
+    if cyc.any():
+        # the least index on each cycle, by jumping with minimum, is cut from its predecessor
+        idx = np.arange(n)
+        least = np.where(cyc, idx, n)
+        ptr = np.where(cyc, prv, idx)
+        for _ in range(rounds):
+            least = np.minimum(least, least[ptr])
+            ptr = ptr[ptr]
+        prv[cyc & (least == idx)] = -1
+        root, dist = _jump(prv, rounds)
+    has_next = np.zeros(n, dtype=bool)
+    has_next[prv[prv >= 0]] = True
+    return nodes[root[vi]], dist[vi], ~has_next[vi]
+
+
+def _jump(prv: np.ndarray, rounds: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Pointer jumping along ``prv`` (-1: none): each index's farthest predecessor reached in
+    ``rounds`` doublings, and how far it is."""
+    idx = np.arange(len(prv))
+    ptr = np.where(prv >= 0, prv, idx)
+    dist = (prv >= 0).astype(np.int64)
+    for _ in range(rounds):
+        dist = dist + dist[ptr]
+        ptr = ptr[ptr]
+    return ptr, dist
+
+
 @dataclass
 class Part:
     k: int
@@ -101,10 +143,14 @@ class Part:
     @classmethod
     def load(cls, store: Store, name: str) -> "Part":
         a = store.load_arrays(name)
+        a["seq"] = kmers.unpack_codes(a["seq"], int(a["off"][-1]))
         return cls(int(a["k"][0]), *(a[f] for f in cls.FIELDS))
 
     def save(self, store: Store, name: str) -> int:
+        """The state as a file of arrays, the sequences 2 bits a base (a superstep reads
+        and writes every partition's state, so its size is much of a superstep's I/O)."""
         arrays = {f: getattr(self, f) for f in self.FIELDS}
+        arrays["seq"] = kmers.pack_codes(self.seq)
         arrays["k"] = np.array([self.k])
         return store.save_arrays(name, arrays)
 
@@ -153,12 +199,12 @@ class Part:
         """Drops vertices ``gone`` (ids; absent ones ignored) and the edges kept with them."""
         if len(gone) == 0:
             return
-        keep = locate(np.unique(gone), self.ids) < 0
+        g = np.unique(gone)
+        keep = locate(g, self.ids) < 0
         lens = self.lens[keep]
         self.seq = gather(self.seq, self.off[:-1][keep], lens)
         self.off = np.r_[0, np.cumsum(lens)].astype(np.int64)
         self.ids, self.w = self.ids[keep], self.w[keep]
-        g = np.unique(gone)
         ko = locate(g, self.osrc) < 0
         self.osrc, self.odst, self.ocnt = self.osrc[ko], self.odst[ko], self.ocnt[ko]
         ki = locate(g, self.idst) < 0
@@ -227,11 +273,29 @@ class Outbox:
         """Sends row ``i`` of ``columns`` to the partition of vertex ``dest_ids[i]``."""
         if len(dest_ids) == 0:
             return
-        dest = kmers.partition_of(dest_ids, self.parts)
-        for q in np.unique(dest).tolist():
-            sel = dest == q
+        for q, sel in self.split(dest_ids):
             for name, col in columns.items():
                 self.boxes[q].setdefault(name, []).append(col[sel])
+
+    def split(self, dest_ids: np.ndarray) -> List[Tuple[int, np.ndarray]]:
+        """The rows for each partition that vertices ``dest_ids`` go to (one sort, not a
+        pass over the rows for each partition)."""
+        dest = kmers.partition_of(dest_ids, self.parts)
+        order = np.argsort(dest, kind="stable")
+        bounds = np.searchsorted(dest[order], np.arange(self.parts + 1)).tolist()
+        return [(q, order[bounds[q]:bounds[q + 1]]) for q in range(self.parts)
+                if bounds[q + 1] > bounds[q]]
+
+    def send_vertices(
+        self, dest_ids: np.ndarray, part: "Part", idx: np.ndarray, columns: Dict[str, np.ndarray],
+        prefix: str,
+    ) -> None:
+        """Like ``send``, with the sequences of vertices ``idx`` of ``part`` along (columns
+        ``PREFIX_len`` and ``PREFIX_seq``)."""
+        for q, sel in self.split(dest_ids):
+            lens, codes = part.sequences(idx[sel])
+            cols = {name: col[sel] for name, col in columns.items()}
+            self.send_to(q, {**cols, f"{prefix}_len": lens, f"{prefix}_seq": codes})
 
     def send_to(self, q: int, columns: Dict[str, np.ndarray]) -> None:
         for name, col in columns.items():

@@ -27,12 +27,39 @@ def check_k(k: int) -> None:
 
 
 def revcomp(seq: str) -> str:
-    return seq.encode().translate(_COMPLEMENT)[::-1].decode()
+    return revcomp_bytes(seq.encode()).decode()
+
+
+def revcomp_bytes(seq: bytes) -> bytes:
+    return seq.translate(_COMPLEMENT)[::-1]
+
+
+def both_strands(seqs: List[bytes]) -> List[bytes]:
+    """The reads and their reverse complements: a read may come from either strand, so the
+    graph holds every k-mer and edge with its reverse complement, seen as often, and the two
+    strands simplify alike (each contig comes with its reverse complement)."""
+    return seqs + [revcomp_bytes(s) for s in seqs]
 
 
 def codes_of(seq: bytes) -> np.ndarray:
     """The 2-bit codes (0-3) of an A/C/G/T sequence."""
     return np.asarray(_CODE[np.frombuffer(seq, dtype=np.uint8)])
+
+
+def pack_codes(codes: np.ndarray) -> np.ndarray:
+    """2-bit codes, four to a byte (the first in the highest bits)."""
+    padded = np.zeros(-(-len(codes) // 4) * 4, dtype=np.uint8)
+    padded[: len(codes)] = codes
+    q = padded.reshape(-1, 4)
+    return np.asarray((q[:, 0] << 6) | (q[:, 1] << 4) | (q[:, 2] << 2) | q[:, 3], dtype=np.uint8)
+
+
+def unpack_codes(packed: np.ndarray, n: int) -> np.ndarray:
+    """The first ``n`` codes of ``pack_codes``'s bytes."""
+    if n > 4 * len(packed):
+        raise ValueError(f"{len(packed)} packed bytes cannot hold {n} bases")
+    shifts = np.array([6, 4, 2, 0], dtype=np.uint8)
+    return np.asarray(((packed[:, None] >> shifts[None, :]) & 3).ravel()[:n], dtype=np.uint8)
 
 
 def ascii_of(codes: np.ndarray) -> bytes:

@@ -79,7 +79,10 @@ class Supersteps:
         self.round = 0
         self.token = uuid.uuid4().hex[:8]
         self.times: Dict[str, float] = {}
-        self.counters: Dict[str, int] = {"supersteps": 0, "rounds": 0, "bytes_written": 0}
+        # the tasks' own time by phase, summed over tasks: reading, working, writing
+        self.task_seconds: Dict[str, Dict[str, float]] = {}
+        self.counters: Dict[str, int] = {
+            "supersteps": 0, "rounds": 0, "ranked": 0, "bytes_written": 0}
 
     def run(self, action: str, phase: str) -> Dict[str, int]:
         t0 = time.perf_counter()
@@ -96,18 +99,29 @@ class Supersteps:
         self.times[phase] = self.times.get(phase, 0.0) + time.perf_counter() - t0
         self.counters["supersteps"] += 1
         self.counters["bytes_written"] += res.get("bytes_written", 0)
+        spent = self.task_seconds.setdefault(phase, {"read": 0.0, "work": 0.0, "write": 0.0})
+        for part in spent:
+            spent[part] += res.get(f"{part}_us", 0) / 1e6
         if self.show:
             print(f"\r{phase}: superstep {self.step}, {res.get('vertices', 0)} vertices   ",
                   end="", file=sys.stderr, flush=True)
         return res
 
     def compress(self) -> None:
+        """Random rounds until no mergeable edge is left, or until few are: then they are
+        ranked in one task and joined in two more supersteps."""
         while True:
             self.run("offer", "compress")
             r = self.run("accept", "compress")
             self.round += 1
             self.counters["rounds"] += 1
-            if r["mergeable"] == r["merged"]:
+            left = r["mergeable"] - r["merged"]
+            if left == 0:
+                return
+            if left < self.prm.finish_below:
+                self.run("collect", "compress")
+                self.counters["ranked"] += self.run("chains", "compress")["chained"]
+                self.run("join", "compress")
                 return
 
     def simplify(self) -> Dict[str, int]:
@@ -220,7 +234,8 @@ def run(cfg: Config, client: Any = None) -> Result:
         stats = ctg.stats([len(s) for s, _ in found], cfg.min_length)
         work.write("stats.json", json.dumps(stats, indent=1).encode())
         stages["contigs"] = time.perf_counter() - t0
-        counters.update(supersteps=steps.counters, removed=removed)
+        counters.update(supersteps=steps.counters, task_seconds=steps.task_seconds,
+                        removed=removed)
         merged = None
         if cfg.trace:
             client.run(close_filesystems)

@@ -16,10 +16,10 @@ Adjacency = Dict[str, Dict[str, int]]
 
 
 def de_bruijn(reads: Iterable[bytes], k: int, min_count: int) -> Adjacency:
-    """k-mer -> {next base: count} over the A/C/G/T-only reads, edges seen ``min_count``
-    times or more."""
+    """k-mer -> {next base: count} over the A/C/G/T-only reads and their reverse
+    complements, edges seen ``min_count`` times or more."""
     counts: Counter[str] = Counter()
-    for read in kmers.acgt_only(list(reads)):
+    for read in kmers.both_strands(kmers.acgt_only(list(reads))):
         s = read.decode()
         for i in range(len(s) - k):
             counts[s[i : i + k + 1]] += 1

@@ -16,6 +16,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from . import kmers
+from .graph import gather
 from .store import Store
 
 _TAIL = 1 << 16
@@ -67,10 +68,11 @@ def graph_name(r: int) -> str:
 def map_task(
     m: int, block: Block, k: int, parts: int, shuffle: Store, combine: bool = True
 ) -> Dict[str, int]:
-    """Edges of one block, counted (the combiner) and written to one file per partition."""
+    """Edges of one block's reads on both strands, counted (the combiner) and written to one
+    file per partition."""
     seqs = kmers.fastq_sequences(read_block(block))
     kept = kmers.acgt_only(seqs)
-    edges = kmers.edges_of(kept, k)
+    edges = kmers.edges_of(kmers.both_strands(kept), k)
     if combine:
         uniq, counts = kmers.count(edges)
     else:
@@ -140,30 +142,55 @@ def adjacency_text(edges: np.ndarray, counts: np.ndarray, k: int) -> bytes:
 
 
 def parse_adjacency(text: bytes, k: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The edges of adjacency lists: (source codes, target codes, counts)."""
-    names: List[str] = []
-    fanout: List[int] = []
-    bases: List[int] = []
-    cnt: List[int] = []
-    for lineno, line in enumerate(text.decode().splitlines(), 1):
-        if not line:
-            continue
-        name, _, succ = line.partition("\t")
-        if len(name) != k or name.strip("ACGT") or not succ:
-            raise ValueError(f"adjacency line {lineno} is not KMER<TAB>B:COUNT,...: {line!r}")
-        items = succ.split(",")
-        for item in items:
-            base, _, c = item.partition(":")
-            if len(base) != 1 or base not in "ACGT" or not c.isdigit():
-                raise ValueError(f"adjacency line {lineno}: bad successor {item!r}")
-            bases.append("ACGT".index(base))
-            cnt.append(int(c))
-        names.append(name)
-        fanout.append(len(items))
-    codes = kmers.codes_of("".join(names).encode()).astype(np.uint64).reshape(-1, k)
+    """The edges of adjacency lists: (source codes, target codes, counts), parsed with numpy
+    over the whole text (a partition of a large graph has millions of successors)."""
+    buf = np.frombuffer(text if text.endswith(b"\n") else text + b"\n", dtype=np.uint8)
+    nl = np.flatnonzero(buf == ord("\n"))
+    starts = np.r_[0, nl[:-1] + 1]
+    full = nl > starts  # empty lines are skipped
+    line_no = np.flatnonzero(full) + 1
+    starts, nl = starts[full], nl[full]
+    empty = np.zeros(0, dtype=np.uint64)
+    if len(starts) == 0:
+        return empty, empty, np.zeros(0, dtype=np.int64)
+
+    def bad(line: int, what: str) -> ValueError:
+        i = int(np.searchsorted(line_no, line))
+        shown = bytes(buf[starts[i] : nl[i]]).decode(errors="replace")
+        return ValueError(f"adjacency line {line}: {what}: {shown!r}")
+
+    ok = (nl - starts >= k + 4) & (buf[np.minimum(starts + k, len(buf) - 1)] == ord("\t"))
+    # (a line too short to hold a name reads its first byte k times, and fails below)
+    names = buf[starts[:, None] + np.arange(k)[None, :] * ok[:, None]]
+    codes = kmers.codes_of(names.tobytes()).reshape(-1, k)
+    ok &= (codes != 255).all(axis=1)
+    if not ok.all():
+        raise bad(int(line_no[np.argmin(ok)]), "not KMER<TAB>B:COUNT,...")
+    # the successors: items "B:COUNT" from after the tab, separated by commas (which, the
+    # names being bases, are all in successor lists)
+    comma = np.flatnonzero(buf == ord(","))
+    item_start = np.sort(np.r_[starts + k + 1, comma + 1])
+    item_end = np.sort(np.r_[comma, nl])
+    owner = np.searchsorted(starts, item_start, side="right") - 1
+    width = item_end - item_start - 2
+    base = kmers.codes_of(buf[item_start].tobytes())
+    good = ((width >= 1) & (width <= 18) & (base != 255)
+            & (buf[np.minimum(item_start + 1, len(buf) - 1)] == ord(":")))
+    if not good.all():
+        raise bad(int(line_no[owner[np.argmin(good)]]), "bad successor")
+    # each count: its digits by their powers of ten, summed per item
+    pos = gather(np.arange(len(buf)), item_start + 2, width)
+    digits = buf[pos].astype(np.int64) - ord("0")
+    is_digit = (digits >= 0) & (digits <= 9)
+    if not is_digit.all():
+        item = np.repeat(np.arange(len(width)), width)[np.argmin(is_digit)]
+        raise bad(int(line_no[owner[item]]), "bad successor")
+    value = digits * (10 ** (np.repeat(item_end, width) - pos - 1))
+    cnt = np.add.reduceat(value, np.r_[0, np.cumsum(width)[:-1]])
     shifts = np.arange(2 * (k - 1), -1, -2, dtype=np.uint64)
-    ids = (codes << shifts[None, :]).sum(axis=1, dtype=np.uint64)
-    s = np.repeat(ids, np.array(fanout, dtype=np.int64))
+    ids = (codes.astype(np.uint64) << shifts[None, :]).sum(axis=1, dtype=np.uint64)
+    src = ids[owner]
     mask = np.uint64((1 << (2 * k)) - 1)
-    d = ((s << np.uint64(2)) | np.array(bases, dtype=np.uint64)) & mask
-    return s, d, np.array(cnt, dtype=np.int64)
+    dst = ((src << np.uint64(2)) | base.astype(np.uint64)) & mask
+    return src, dst, cnt.astype(np.int64)
+

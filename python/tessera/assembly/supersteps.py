@@ -10,10 +10,11 @@ hash of the vertex, the round and the seed.
 - compression (two supersteps a round, PGA's randomised list ranking): every vertex is a head
   or a tail by a coin (one that cannot be absorbed, in-degree not 1, is a head; one that cannot
   absorb, out-degree not 1, a tail); a tail ``v`` with one in-edge, from a head ``u`` with one
-  out-edge, is absorbed by ``u`` (``u`` takes ``v``'s sequence past the k-1 overlap, its weight and its
-  out-edges; ``v``'s successors are told to rename their in-edge). The rounds go on until no
-  edge ``u -> v`` with out(u) = 1 and in(v) = 1 is left, so the result is the maximal unitigs
-  whatever the coins.
+  out-edge, is absorbed by ``u`` (``u`` takes ``v``'s sequence past the k-1 overlap, its weight
+  and its out-edges; ``v``'s successors are told to rename their in-edge). The rounds go on
+  until no edge ``u -> v`` with out(u) = 1 and in(v) = 1 is left, or until fewer than
+  ``finish_below`` are: those lists are then ranked in one task and joined at their heads
+  (three supersteps). Either way the result is the maximal unitigs, whatever the coins.
 - tips (one superstep, removals applied at the next): vertices shorter than ``tip_len`` bases
   with no in-edge or no out-edge, all removed at once.
 - bubbles (two supersteps): short vertices with one in-edge and one out-edge tell their
@@ -23,6 +24,7 @@ hash of the vertex, the round and the seed.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List
 
@@ -30,7 +32,9 @@ import numpy as np
 
 from . import kmers
 from .edit import similar
-from .graph import U64, Arrays, Outbox, Part, gather, inbox, locate, lookup
+from .graph import (
+    U64, Arrays, Outbox, Part, empty, gather, inbox, locate, lookup, pair_index, rank_lists,
+)
 from .shuffle import graph_name, parse_adjacency
 from .store import Store
 
@@ -44,6 +48,9 @@ class Params:
     bubble_len: int = 0  # 0: 3k
     similarity: float = 0.1
     rounds: int = 3
+    # chain compression's random rounds stop once fewer mergeable edges are left (they are
+    # then ranked in one task); 0: rounds to the end
+    finish_below: int = 100_000
 
     @property
     def tips_below(self) -> int:
@@ -80,6 +87,12 @@ def apply(part: Part, m: Arrays) -> None:
         part.drop_out(m["od_src"], m["od_dst"])
     if "kill" in m:
         part.remove_vertices(m["kill"])
+    if "jn_head" in m:
+        # the vertices of lists ranked in one task, to their heads, in order
+        order = np.lexsort((m["jn_rank"], m["jn_head"]))
+        starts = np.cumsum(m["jn_len"]) - m["jn_len"]
+        absorb(part, m["jn_head"][order], m["jn_id"][order], m["jn_seq"], starts[order],
+               m["jn_len"][order], m["jn_w"][order], received_edges(m, "je"))
 
 
 # -- the steps -----------------------------------------------------------------------------
@@ -106,17 +119,36 @@ def offer(part: Part, out: Outbox, rnd: int, prm: Params) -> Dict[str, int]:
     ok = u != v
     v, u, c, tail = v[ok], u[ok], c[ok], tail[ok]
     out.send(u, {"of_u": u, "of_v": v, "of_cnt": c, "of_tail": tail})
-    dest = kmers.partition_of(u[tail], prm.parts)
-    for q in np.unique(dest).tolist():
-        vs = v[tail][dest == q]
-        idx = locate(part.ids, vs)
-        lens, codes = part.sequences(idx)
-        sel = locate(np.sort(vs), part.osrc) >= 0
-        out.send_to(q, {
-            "ov_id": vs, "ov_w": part.w[idx], "ov_len": lens, "ov_seq": codes,
-            "ove_src": part.osrc[sel], "ove_dst": part.odst[sel], "ove_cnt": part.ocnt[sel],
-        })
+    vt, ut = v[tail], u[tail]
+    idx = locate(part.ids, vt)
+    out.send_vertices(ut, part, idx, {"ov_id": vt, "ov_w": part.w[idx]}, "ov")
+    send_edges(out, out_edges(part, vt, ut), "ove")
     return {"offers": int(tail.sum())}
+
+
+def out_edges(part: Part, v: np.ndarray, u: np.ndarray) -> Arrays:
+    """The out-edges of vertices ``v`` (``src``, ``dst``, ``cnt``), each with the vertex of
+    ``u`` that is to take it over (``new``)."""
+    e = lookup(v, part.osrc)
+    has = e >= 0
+    return {"src": part.osrc[has], "new": u[e[has]], "dst": part.odst[has],
+            "cnt": part.ocnt[has]}
+
+
+def send_edges(out: Outbox, edges: Arrays, prefix: str) -> None:
+    """Edges to the partitions of the vertices taking them over, as columns ``PREFIX_*``."""
+    out.send(edges["new"], {f"{prefix}_{kind}": col for kind, col in edges.items()})
+
+
+def received_edges(m: Arrays, prefix: str) -> Arrays:
+    """The edges ``send_edges`` sent (none if none were)."""
+    return {kind: m.get(f"{prefix}_{kind}", empty(np.int64 if kind == "cnt" else U64))
+            for kind in ("src", "new", "dst", "cnt")}
+
+
+def rename(out: Outbox, edges: Arrays) -> None:
+    """Tells the targets of edges taken over to rename their in-edge."""
+    out.send(edges["dst"], {"ir_dst": edges["dst"], "ir_old": edges["src"], "ir_new": edges["new"]})
 
 
 def is_tail(ids: np.ndarray, outdeg: np.ndarray, rnd: int, seed: int) -> np.ndarray:
@@ -139,27 +171,89 @@ def accept(part: Part, out: Outbox, m: Arrays, rnd: int, prm: Params) -> Dict[st
     mergeable = (ui >= 0) & (outd[i] == 1)
     head = is_head(m["of_u"], ind[i], rnd, prm.seed)
     acc = mergeable & m["of_tail"].astype(bool) & head
-    u, v, c, ui = m["of_u"][acc], m["of_v"][acc], m["of_cnt"][acc], ui[acc]
+    u, v, c = m["of_u"][acc], m["of_v"][acc], m["of_cnt"][acc]
     if len(u):
         vpos = lookup(m["ov_id"], v)
         ov_start = np.cumsum(m["ov_len"]) - m["ov_len"]
-        skip = prm.k - 1
-        add_lens = m["ov_len"][vpos] - skip
-        starts = ov_start[vpos] + skip
-        part.extend(ui, add_lens, gather(m["ov_seq"], starts, add_lens))
-        np.add.at(part.w, ui, m["ov_w"][vpos] + c)
-        part.drop_out(u, v)
-        # v's out-edges become u's
-        esel = lookup(v, m["ove_src"])
-        has = esel >= 0
-        new_src = u[esel[has]]
-        d, ec = m["ove_dst"][has], m["ove_cnt"][has]
-        part.osrc = np.concatenate([part.osrc, new_src])
-        part.odst = np.concatenate([part.odst, d])
-        part.ocnt = np.concatenate([part.ocnt, ec])
+        # only the out-edges of the tails absorbed here
+        edges = received_edges(m, "ove")
+        taken = locate(np.sort(v), edges["src"]) >= 0
+        edges = {kind: col[taken] for kind, col in edges.items()}
+        absorb(part, u, v, m["ov_seq"], ov_start[vpos], m["ov_len"][vpos],
+               m["ov_w"][vpos] + c, edges)
+        rename(out, edges)
         out.send(v, {"kill": v})
-        out.send(d, {"ir_dst": d, "ir_old": m["ove_src"][has], "ir_new": new_src})
     return {"mergeable": int(mergeable.sum()), "merged": int(acc.sum())}
+
+
+def absorb(
+    part: Part, u: np.ndarray, v: np.ndarray, codes: np.ndarray, starts: np.ndarray,
+    lens: np.ndarray, w: np.ndarray, edges: Arrays,
+) -> None:
+    """Vertex ``u[i]`` (of this partition; one may come again, in order) absorbs ``v[i]``:
+    takes its sequence (``lens[i]`` codes of ``codes`` from ``starts[i]``) past the k-1 bases
+    they overlap by, and weight ``w[i]``, and loses its out-edge to it; the out-edges
+    ``edges`` (``src`` absorbed, ``new`` its absorber, ``dst``, ``cnt``) become the
+    absorbers' (their targets are told apart, by ``rename``)."""
+    ui = locate(part.ids, u)
+    skip = part.k - 1
+    add = lens - skip
+    part.extend(ui, add, gather(codes, starts + skip, add))
+    np.add.at(part.w, ui, w)
+    part.drop_out(u, v)
+    new, dst = edges["new"], edges["dst"]
+    part.osrc = np.concatenate([part.osrc, new])
+    part.odst = np.concatenate([part.odst, dst])
+    part.ocnt = np.concatenate([part.ocnt, edges["cnt"]])
+
+
+# Once few mergeable edges are left, the rounds stop and the rest is done in three supersteps:
+# the edges go to one task, which ranks the lists in memory; every vertex of a list then sends
+# itself to the list's head, which absorbs them all in order when it applies its messages.
+
+
+def collect(part: Part, out: Outbox, prm: Params) -> Dict[str, int]:
+    """Every sole out-edge and sole in-edge, to partition 0: an edge that is both can be
+    merged."""
+    ind, outd = part.degrees()
+    o = part.sole_edge(part.osrc)[outd == 1]
+    i = part.sole_edge(part.idst)[ind == 1]
+    out.send_to(0, {"co_src": part.osrc[o], "co_dst": part.odst[o],
+                    "ci_src": part.isrc[i], "ci_dst": part.idst[i], "ci_cnt": part.icnt[i]})
+    return {}
+
+
+def chains(part: Part, out: Outbox, m: Arrays) -> Dict[str, int]:
+    """(Partition 0.) Every list of mergeable edges ranked: each vertex but its head is told
+    its head, its place, the count of its in-edge and whether it is the last."""
+    if "co_src" not in m:
+        return {"chained": 0}
+    i = pair_index(m["ci_src"], m["ci_dst"], m["co_src"], m["co_dst"])
+    ok = (i >= 0) & (m["co_src"] != m["co_dst"])
+    u, v, c = m["co_src"][ok], m["co_dst"][ok], m["ci_cnt"][i[ok]]
+    head, rank, last = rank_lists(u, v)
+    inner = rank > 0  # not the edge that closes a cycle into its head
+    v, head = v[inner], head[inner]
+    out.send(v, {"as_id": v, "as_head": head, "as_rank": rank[inner], "as_cnt": c[inner],
+                 "as_last": last[inner]})
+    return {"chained": len(v)}
+
+
+def join_chain(part: Part, out: Outbox, m: Arrays) -> Dict[str, int]:
+    """A vertex of a list sends itself to the list's head and leaves; the last also hands
+    over its out-edges."""
+    if "as_id" not in m:
+        return {}
+    x, h = m["as_id"], m["as_head"]
+    idx = locate(part.ids, x)
+    cols = {"jn_head": h, "jn_id": x, "jn_rank": m["as_rank"], "jn_w": part.w[idx] + m["as_cnt"]}
+    out.send_vertices(h, part, idx, cols, "jn")
+    last = m["as_last"].astype(bool)
+    edges = out_edges(part, x[last], h[last])
+    send_edges(out, edges, "je")
+    rename(out, edges)
+    part.remove_vertices(x)
+    return {}
 
 
 def tips(part: Part, out: Outbox, prm: Params) -> Dict[str, int]:
@@ -182,15 +276,9 @@ def bubble_candidates(part: Part, out: Outbox, prm: Params) -> Dict[str, int]:
     b = part.ids[one]
     ok = (pred != b) & (succ != b)
     b, pred, succ = b[ok], pred[ok], succ[ok]
-    dest = kmers.partition_of(pred, prm.parts)
-    for q in np.unique(dest).tolist():
-        sel = dest == q
-        idx = locate(part.ids, b[sel])
-        lens, codes = part.sequences(idx)
-        out.send_to(q, {
-            "bb_p": pred[sel], "bb_s": succ[sel], "bb_id": b[sel], "bb_w": part.w[idx],
-            "bb_len": lens, "bb_seq": codes,
-        })
+    idx = locate(part.ids, b)
+    cols = {"bb_p": pred, "bb_s": succ, "bb_id": b, "bb_w": part.w[idx]}
+    out.send_vertices(pred, part, idx, cols, "bb")
     return {"candidates": len(b)}
 
 
@@ -231,9 +319,10 @@ def coverage(weight: int, length: int, k: int) -> float:
 
 def bubble_losers(branches: List[Any], prm: Params) -> List[Any]:
     """Of ``(coverage, sequence, tag)`` branches between the same two vertices, the tags of
-    those to remove: the best covered (then the smallest sequence) stays, and those similar
-    to it go. Shared with the reference implementation."""
-    ranked = sorted(branches, key=lambda x: (-x[0], x[1]))
+    those to remove: the best covered (then the least by the lesser of sequence and reverse
+    complement, so that the other strand's bubble keeps the same branch) stays, and those
+    similar to it go. Shared with the reference implementation."""
+    ranked = sorted(branches, key=lambda x: (-x[0], min(x[1], kmers.revcomp_bytes(x[1])), x[1]))
     best = ranked[0][1]
     return [tag for _, seq, tag in ranked[1:] if similar(seq, best, prm.similarity)]
 
@@ -246,23 +335,33 @@ def superstep(
 ) -> Dict[str, int]:
     """Superstep ``step`` of partition ``p``: its state and messages from ``step - 1`` in,
     ``action`` done, its state and messages of ``step`` out."""
+    t0 = time.perf_counter()
     out = Outbox(prm.parts)
     here = step_dir(step)
     if action == "load":
         part = load(out, p, prm, graph)
         stats = {"edges": len(part.osrc)}
+        t1 = t0
     else:
         prev = step_dir(step - 1)
         part = Part.load(work, f"{prev}/state-{p:05d}.npz")
         m = inbox(work, prev, p)
+        t1 = time.perf_counter()
         apply(part, m)
         stats = ACTIONS[action](part, out, m, rnd, prm)
     if action == "finish":
         work.write(f"final/graph-{p:05d}.txt", part.text())
+    t2 = time.perf_counter()
     written = part.save(work, f"{here}/state-{p:05d}.npz")
     written += out.write(work, here, p)
+    # where a task's time goes (the rest of a superstep's time is Dask's and waiting)
+    stats.update(read_us=_us(t1 - t0), work_us=_us(t2 - t1), write_us=_us(time.perf_counter() - t2))
     stats.update(vertices=len(part.ids), bytes_written=written)
     return stats
+
+
+def _us(seconds: float) -> int:
+    return int(seconds * 1e6)
 
 
 ACTIONS: Dict[str, Callable[[Part, Outbox, Arrays, int, Params], Dict[str, int]]] = {
@@ -271,6 +370,9 @@ ACTIONS: Dict[str, Callable[[Part, Outbox, Arrays, int, Params], Dict[str, int]]
     "tips": lambda part, out, m, rnd, prm: tips(part, out, prm),
     "bubbles": lambda part, out, m, rnd, prm: bubble_candidates(part, out, prm),
     "pop": lambda part, out, m, rnd, prm: pop_bubbles(part, out, m, prm),
+    "collect": lambda part, out, m, rnd, prm: collect(part, out, prm),
+    "chains": lambda part, out, m, rnd, prm: chains(part, out, m),
+    "join": lambda part, out, m, rnd, prm: join_chain(part, out, m),
     "finish": lambda part, out, m, rnd, prm: {},
 }
 
