@@ -1,6 +1,6 @@
 //! A writer of fixed-size records placed by key: each buffer, once it holds `threshold` bytes,
 //! is written in place in the output in the background (record `k` at `(k - start) *
-//! record_size`), stretches of consecutive keys in one write. A key the writer gives twice
+//! record_size`) by one scatter write: the records of a stripe in one request. A key the writer gives twice
 //! fails it at once; at finalisation it publishes the keys it gave ([`crate::keys`]) and
 //! checks its share of everybody's for a key two writers gave.
 
@@ -25,30 +25,42 @@ struct Placed {
 }
 
 /// Writes `buf`'s records in place in `file`, in key order, and stores them; gives both back.
+/// One scatter write: a request per stripe, whatever other writers own between the records.
 async fn place(mut file: File, buf: Placed, size: u64) -> Result<(File, Placed)> {
-    let (buf, order) = tokio::task::spawn_blocking(move || {
+    let (buf, runs) = tokio::task::spawn_blocking(move || {
         let mut order: Vec<usize> = (0..buf.keys.len()).collect();
         order.sort_unstable_by_key(|&i| buf.keys[i]);
-        (buf, order)
+        // Runs of consecutive keys whose records follow one another in the buffer: (first
+        // record, records).
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        let mut i = 0;
+        while i < order.len() {
+            let mut j = i + 1;
+            while j < order.len()
+                && buf.keys[order[j]] == buf.keys[order[j - 1]] + 1
+                && order[j] == order[j - 1] + 1
+            {
+                j += 1;
+            }
+            runs.push((order[i], j - i));
+            i = j;
+        }
+        (buf, runs)
     })
     .await
     .map_err(|e| Error::Failed(format!("ordering records: {e}")))?;
     let s = size as usize;
-    let mut i = 0;
-    while i < order.len() {
-        // Consecutive keys whose records follow one another in the buffer: one write.
-        let mut j = i + 1;
-        while j < order.len()
-            && buf.keys[order[j]] == buf.keys[order[j - 1]] + 1
-            && order[j] == order[j - 1] + 1
-        {
-            j += 1;
-        }
-        let (first, last) = (order[i], order[j - 1]);
-        file.write_at(buf.keys[first] * size, &buf.data[first * s..(last + 1) * s])
-            .await?;
-        i = j;
-    }
+    let pieces: Vec<(u64, &[u8])> = runs
+        .iter()
+        .map(|&(first, n)| {
+            (
+                buf.keys[first] * size,
+                &buf.data[first * s..(first + n) * s],
+            )
+        })
+        .collect();
+    file.write_scatter(&pieces).await?;
+    drop(pieces);
     file.flush().await?;
     Ok((file, buf))
 }
