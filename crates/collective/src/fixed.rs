@@ -6,13 +6,13 @@
 
 use crate::coordinate::write_output;
 use crate::dir::Dir;
+use crate::inflight::InFlight;
 use crate::keys::{decode_chunks, duplicate, span, KeySet, CHUNK, CHUNK_BYTES};
 use crate::spill::MAX_RESERVE;
 use crate::{Error, Fixed, Result};
 use bytes::Bytes;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use tessera_client::{Client, File, OpenOptions};
-use tokio::task::JoinHandle;
 
 /// Key sets read at once while checking.
 const READING: usize = 16;
@@ -76,7 +76,7 @@ pub(crate) struct Placer {
     spare: Option<Placed>,
     /// The output, open for writing once the first buffer goes out.
     file: Option<File>,
-    inflight: Option<JoinHandle<Result<(File, Placed)>>>,
+    inflight: InFlight<(File, Placed)>,
     /// Records given.
     pub records: u64,
     /// A key this writer gave twice: the whole output fails.
@@ -95,7 +95,7 @@ impl Placer {
             buf: Placed::default(),
             spare: None,
             file: None,
-            inflight: None,
+            inflight: InFlight::new("writing records in place"),
             records: 0,
             failed: None,
         }
@@ -150,15 +150,12 @@ impl Placer {
         let next = self.spare.take().unwrap_or_default();
         let buf = std::mem::replace(&mut self.buf, next);
         let size = self.fixed.record_size;
-        self.inflight = Some(tokio::spawn(place(file, buf, size)));
+        self.inflight.start(place(file, buf, size));
         Ok(())
     }
 
     pub async fn wait(&mut self) -> Result<()> {
-        if let Some(task) = self.inflight.take() {
-            let (file, mut buf) = task
-                .await
-                .map_err(|e| Error::Failed(format!("writing records in place: {e}")))??;
+        if let Some((file, mut buf)) = self.inflight.wait().await? {
             self.file = Some(file);
             buf.keys.clear();
             buf.data.clear();
@@ -168,13 +165,11 @@ impl Placer {
     }
 
     pub fn test(&self) -> bool {
-        self.inflight.as_ref().is_none_or(JoinHandle::is_finished)
+        self.inflight.test()
     }
 
     pub fn stop(&mut self) {
-        if let Some(t) = self.inflight.take() {
-            t.abort();
-        }
+        self.inflight.stop();
     }
 
     /// Writes what is buffered, waits until all is stored, and closes the output.
