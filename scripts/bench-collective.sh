@@ -6,7 +6,7 @@
 # servers and its mount. Prints a Markdown table (scripts/bench_collective.py).
 # Usage: scripts/bench-collective.sh [TOTAL]   (record bytes per run, default 64MiB)
 # Environment: WRITERS (default 2,4,8), ROUNDS (default 3: medians), VERBOSE (1: each collective's
-# writers' times), TESSERA_BIN (another tessera binary).
+# writers' times), TESSERA_BIN (another tessera binary), WAYS (a subset: see bench_collective.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 total=${1:-64MiB}

@@ -23,7 +23,9 @@ phase starts after a `sync` and a second's pause (what the phase before left in 
 otherwise lands on the next: half a second on the first collective). Times start
 when the processes are ready (records in memory) for the mount runs; the `tessera` runs include
 starting the processes and connecting. Every figure is the median of ROUNDS rounds (default
-3). Prints a Markdown table; VERBOSE=1 also prints each collective's writers' times.
+3). Prints a Markdown table; VERBOSE=1 also prints each collective's writers' times; WAYS (a
+comma-separated subset of naive, files, sorted, unsorted, fixed, nton; default all) runs only
+those ways.
 
 Usage: python3 scripts/bench_collective.py TESSERA MOUNT TOTAL_BYTES WRITERS[,WRITERS...]
 """
@@ -44,6 +46,8 @@ import time
 from typing import Callable, Dict, List, Tuple
 
 RECORD = 100
+ALL_WAYS = ("naive", "files", "sorted", "unsorted", "fixed", "nton")
+WAYS = set(os.environ.get("WAYS", ",".join(ALL_WAYS)).split(","))
 
 
 def records(rank: int, n: int) -> List[bytes]:
@@ -124,8 +128,9 @@ def measure(
 
         return go
 
-    res["naive N-to-1 (mount) s"] = in_processes(n, naive)
-    assert os.path.getsize(f"{mnt}/naive.sam") == size
+    if "naive" in WAYS:
+        res["naive N-to-1 (mount) s"] = in_processes(n, naive)
+        assert os.path.getsize(f"{mnt}/naive.sam") == size
 
     def own_file(sort: bool, name: str) -> Callable[[int], Callable[[], None]]:
         def make(rank: int) -> Callable[[], None]:
@@ -140,17 +145,18 @@ def measure(
 
         return make
 
-    settle()
-    write = in_processes(n, own_file(True, "part"))
-    t = time.perf_counter()
-    parts = [f"{mnt}/part{r}.sam" for r in range(n)]
-    subprocess.run(
-        ["sort", "-m", "-s", "-t", "\t", "-k4,4n", "-o", f"{mnt}/merged.sam", *parts],
-        check=True, env={**env, "LC_ALL": "C"},
-    )
-    merge = time.perf_counter() - t
-    res["N files + sort -m (mount) s"] = write + merge
-    res["sort -m alone s"] = merge
+    if WAYS & {"files", "sorted"}:
+        settle()
+        write = in_processes(n, own_file(True, "part"))
+        t = time.perf_counter()
+        parts = [f"{mnt}/part{r}.sam" for r in range(n)]
+        subprocess.run(
+            ["sort", "-m", "-s", "-t", "\t", "-k4,4n", "-o", f"{mnt}/merged.sam", *parts],
+            check=True, env={**env, "LC_ALL": "C"},
+        )
+        merge = time.perf_counter() - t
+        res["N files + sort -m (mount) s"] = write + merge
+        res["sort -m alone s"] = merge
 
     def collect(name: str, args: List[str], inputs: str = "w") -> Tuple[float, float]:
         settle()
@@ -173,40 +179,43 @@ def measure(
         assert all(o["size"] == size for o in outs), outs
         return took, max(o["aggregation_secs"] for o in outs)
 
-    took, agg = collect("coll1.sam", ["--key", "4n"])
-    res["collective, 1 coordinator s"] = took
-    res["collective, 1 coordinator: aggregation s"] = agg
-    took, agg = collect("coll2.sam", ["--key", "4n", "--coordinators-per-node", "2"])
-    res["collective, 2 coordinators s"] = took
-    res["collective, 2 coordinators: aggregation s"] = agg
-    for name in ("coll1.sam", "coll2.sam"):
-        if not filecmp.cmp(f"{mnt}/merged.sam", f"{mnt}/bench/{name}", shallow=False):
-            raise RuntimeError(f"{name} differs from sort -m's output")
-    took, agg = collect("plain.sam", [])
-    res["collective unsorted s"] = took
-    res["collective unsorted: aggregation s"] = agg
-    took, agg = collect("plain1.sam", ["--threshold", "1GiB"])
-    res["collective unsorted, no run s"] = took
-    res["collective unsorted, no run: aggregation s"] = agg
+    if "sorted" in WAYS:
+        took, agg = collect("coll1.sam", ["--key", "4n"])
+        res["collective, 1 coordinator s"] = took
+        res["collective, 1 coordinator: aggregation s"] = agg
+        took, agg = collect("coll2.sam", ["--key", "4n", "--coordinators-per-node", "2"])
+        res["collective, 2 coordinators s"] = took
+        res["collective, 2 coordinators: aggregation s"] = agg
+        for name in ("coll1.sam", "coll2.sam"):
+            if not filecmp.cmp(f"{mnt}/merged.sam", f"{mnt}/bench/{name}", shallow=False):
+                raise RuntimeError(f"{name} differs from sort -m's output")
+    if "unsorted" in WAYS:
+        took, agg = collect("plain.sam", [])
+        res["collective unsorted s"] = took
+        res["collective unsorted: aggregation s"] = agg
+        took, agg = collect("plain1.sam", ["--threshold", "1GiB"])
+        res["collective unsorted, no run s"] = took
+        res["collective unsorted, no run: aggregation s"] = agg
     fixed = ["--record-size", str(RECORD), "--key-range", f"0:{n * per}"]
-    for kind in ("blocks", "interleaved"):
+    for kind in ("blocks", "interleaved") if "fixed" in WAYS else ():
         took, agg = collect(f"fixed-{kind}.bin", fixed, inputs=kind)
         res[f"collective fixed-size, {kind} s"] = took
         res[f"collective fixed-size, {kind}: aggregation s"] = agg
         if not filecmp.cmp(f"{local}/keyed.bin", f"{mnt}/bench/fixed-{kind}.bin", shallow=False):
             raise RuntimeError(f"fixed-{kind}.bin is not the records in key order")
 
-    settle()
-    res["N-to-N unsorted (mount) s"] = in_processes(n, own_file(False, "nn"))
-    os.mkdir(f"{mnt}/cp")
-    settle()
-    t = time.perf_counter()
-    subprocess.run(
-        [tessera, "cp", "-j", str(n), *[f"{local}/w{r}.sam" for r in range(n)],
-         "tessera:/cp/"],
-        check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    res["N-to-N unsorted (library, cp -j N) s"] = time.perf_counter() - t
+    if "nton" in WAYS:
+        settle()
+        res["N-to-N unsorted (mount) s"] = in_processes(n, own_file(False, "nn"))
+        os.mkdir(f"{mnt}/cp")
+        settle()
+        t = time.perf_counter()
+        subprocess.run(
+            [tessera, "cp", "-j", str(n), *[f"{local}/w{r}.sam" for r in range(n)],
+             "tessera:/cp/"],
+            check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        res["N-to-N unsorted (library, cp -j N) s"] = time.perf_counter() - t
 
     for p in os.listdir(mnt):
         if p != "bench":
@@ -218,6 +227,8 @@ def measure(
 
 
 def main() -> None:
+    if not WAYS <= set(ALL_WAYS):
+        sys.exit(f"WAYS: unknown {sorted(WAYS - set(ALL_WAYS))}; known: {', '.join(ALL_WAYS)}")
     tessera, mnt, total, writers = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     local = tempfile.mkdtemp(prefix="bench-collective-", dir="/dev/shm")
     env = dict(os.environ)
@@ -264,6 +275,8 @@ def main() -> None:
         ("collective (1 coordinator) vs N files + sort -m", "N files + sort -m (mount) s"),
         ("collective (1 coordinator) vs N-to-N unsorted (mount)", "N-to-N unsorted (mount) s"),
     ]:
+        if any(k not in rows[0][1] for k in (base, "collective, 1 coordinator s")):
+            continue
         ratios = [res[base] / res["collective, 1 coordinator s"] for _, res in rows]
         print(f"| speed-up: {name} | " + " | ".join(f"{r:.2f}x" for r in ratios) + " |")
     for name, way in [
@@ -273,6 +286,8 @@ def main() -> None:
         ("fixed-size, interleaved", "collective fixed-size, interleaved s"),
     ]:
         base = "N-to-N unsorted (library, cp -j N) s"
+        if base not in rows[0][1] or way not in rows[0][1]:
+            continue
         ratios = [res[base] / res[way] for _, res in rows]
         name = f"{name} vs N-to-N unsorted (library)"
         print(f"| speed-up: {name} | " + " | ".join(f"{r:.2f}x" for r in ratios) + " |")

@@ -319,6 +319,81 @@ fn record(key: u64, size: usize) -> Vec<u8> {
     r
 }
 
+/// Starts `tessera collect` writers of fixed-size records, writer r fed `given[r]`'s records
+/// in that order, and waits for them.
+fn put_fixed(home: &Path, output: &str, given: &[Vec<u64>], args: &[&str]) -> Vec<Output> {
+    let children: Vec<Child> = given
+        .iter()
+        .enumerate()
+        .map(|(r, keys)| {
+            let mut c = tessera(home)
+                .args(["collect", output, "--writers", &given.len().to_string()])
+                .args(["--rank", &r.to_string(), "--json"])
+                .args(args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut stdin = c.stdin.take().unwrap();
+            let text = records(keys.iter().copied(), 100);
+            std::thread::spawn(move || stdin.write_all(&text));
+            c
+        })
+        .collect();
+    children.into_iter().map(|c| finish(c, 300)).collect()
+}
+
+#[test]
+fn interleaved_and_shuffled_fixed_size_records_come_out_in_key_order() {
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    let _up = Up::start(
+        home,
+        &["--servers", "3", "--memory", "256MiB", "--replication", "2"],
+    );
+    // 40,000 records of 100 bytes (4 MB, stripes of 1 MiB whose ends cut records), 4 writer
+    // processes, buffers of 256 KiB: every flush scatters records over every stripe.
+    let (n, writers) = (40_000u64, 4usize);
+    let interleaved: Vec<Vec<u64>> = (0..writers as u64)
+        .map(|r| (0..n).filter(|k| k % writers as u64 == r).collect())
+        .collect();
+    // Every key to a writer at random, each writer's in a random order.
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move |below: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % below
+    };
+    let mut keys: Vec<u64> = (0..n).collect();
+    for i in (1..keys.len()).rev() {
+        keys.swap(i, next(i as u64 + 1) as usize);
+    }
+    let mut shuffled = vec![Vec::new(); writers];
+    for k in keys {
+        shuffled[next(writers as u64) as usize].push(k);
+    }
+    let want = records(0..n, 100);
+    let range = format!("0:{n}");
+    let args = [
+        "--record-size",
+        "100",
+        "--key-range",
+        &range,
+        "--threshold",
+        "256KiB",
+    ];
+    for (name, given) in [("/inter.bin", &interleaved), ("/shuffled.bin", &shuffled)] {
+        for out in put_fixed(home, name, given, &args) {
+            let j = json(&out);
+            assert_eq!(j["size"], n * 100, "{name}: {j}");
+        }
+        let got = ok(home, &["cat", name]);
+        assert!(got == want, "{name}: not the records in key order");
+    }
+}
+
 #[test]
 fn fixed_size_records_go_in_place_by_key() {
     let home = tempfile::tempdir().unwrap();

@@ -1,18 +1,18 @@
 //! A writer of fixed-size records placed by key: each buffer, once it holds `threshold` bytes,
 //! is written in place in the output in the background (record `k` at `(k - start) *
-//! record_size`), stretches of consecutive keys in one write. A key the writer gives twice
+//! record_size`) by one scatter write: the records of a stripe in one request. A key the writer gives twice
 //! fails it at once; at finalisation it publishes the keys it gave ([`crate::keys`]) and
 //! checks its share of everybody's for a key two writers gave.
 
 use crate::coordinate::write_output;
 use crate::dir::Dir;
+use crate::inflight::InFlight;
 use crate::keys::{decode_chunks, duplicate, span, KeySet, CHUNK, CHUNK_BYTES};
 use crate::spill::MAX_RESERVE;
 use crate::{Error, Fixed, Result};
 use bytes::Bytes;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use tessera_client::{Client, File, OpenOptions};
-use tokio::task::JoinHandle;
 
 /// Key sets read at once while checking.
 const READING: usize = 16;
@@ -25,30 +25,42 @@ struct Placed {
 }
 
 /// Writes `buf`'s records in place in `file`, in key order, and stores them; gives both back.
+/// One scatter write: a request per stripe, whatever other writers own between the records.
 async fn place(mut file: File, buf: Placed, size: u64) -> Result<(File, Placed)> {
-    let (buf, order) = tokio::task::spawn_blocking(move || {
+    let (buf, runs) = tokio::task::spawn_blocking(move || {
         let mut order: Vec<usize> = (0..buf.keys.len()).collect();
         order.sort_unstable_by_key(|&i| buf.keys[i]);
-        (buf, order)
+        // Runs of consecutive keys whose records follow one another in the buffer: (first
+        // record, records).
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        let mut i = 0;
+        while i < order.len() {
+            let mut j = i + 1;
+            while j < order.len()
+                && buf.keys[order[j]] == buf.keys[order[j - 1]] + 1
+                && order[j] == order[j - 1] + 1
+            {
+                j += 1;
+            }
+            runs.push((order[i], j - i));
+            i = j;
+        }
+        (buf, runs)
     })
     .await
     .map_err(|e| Error::Failed(format!("ordering records: {e}")))?;
     let s = size as usize;
-    let mut i = 0;
-    while i < order.len() {
-        // Consecutive keys whose records follow one another in the buffer: one write.
-        let mut j = i + 1;
-        while j < order.len()
-            && buf.keys[order[j]] == buf.keys[order[j - 1]] + 1
-            && order[j] == order[j - 1] + 1
-        {
-            j += 1;
-        }
-        let (first, last) = (order[i], order[j - 1]);
-        file.write_at(buf.keys[first] * size, &buf.data[first * s..(last + 1) * s])
-            .await?;
-        i = j;
-    }
+    let pieces: Vec<(u64, &[u8])> = runs
+        .iter()
+        .map(|&(first, n)| {
+            (
+                buf.keys[first] * size,
+                &buf.data[first * s..(first + n) * s],
+            )
+        })
+        .collect();
+    file.write_scatter(&pieces).await?;
+    drop(pieces);
     file.flush().await?;
     Ok((file, buf))
 }
@@ -64,7 +76,7 @@ pub(crate) struct Placer {
     spare: Option<Placed>,
     /// The output, open for writing once the first buffer goes out.
     file: Option<File>,
-    inflight: Option<JoinHandle<Result<(File, Placed)>>>,
+    inflight: InFlight<(File, Placed)>,
     /// Records given.
     pub records: u64,
     /// A key this writer gave twice: the whole output fails.
@@ -83,7 +95,7 @@ impl Placer {
             buf: Placed::default(),
             spare: None,
             file: None,
-            inflight: None,
+            inflight: InFlight::new("writing records in place"),
             records: 0,
             failed: None,
         }
@@ -138,15 +150,12 @@ impl Placer {
         let next = self.spare.take().unwrap_or_default();
         let buf = std::mem::replace(&mut self.buf, next);
         let size = self.fixed.record_size;
-        self.inflight = Some(tokio::spawn(place(file, buf, size)));
+        self.inflight.start(place(file, buf, size));
         Ok(())
     }
 
     pub async fn wait(&mut self) -> Result<()> {
-        if let Some(task) = self.inflight.take() {
-            let (file, mut buf) = task
-                .await
-                .map_err(|e| Error::Failed(format!("writing records in place: {e}")))??;
+        if let Some((file, mut buf)) = self.inflight.wait().await? {
             self.file = Some(file);
             buf.keys.clear();
             buf.data.clear();
@@ -156,13 +165,11 @@ impl Placer {
     }
 
     pub fn test(&self) -> bool {
-        self.inflight.as_ref().is_none_or(JoinHandle::is_finished)
+        self.inflight.test()
     }
 
     pub fn stop(&mut self) {
-        if let Some(t) = self.inflight.take() {
-            t.abort();
-        }
+        self.inflight.stop();
     }
 
     /// Writes what is buffered, waits until all is stored, and closes the output.

@@ -27,6 +27,7 @@ mod dir;
 pub mod fields;
 mod finish;
 mod fixed;
+mod inflight;
 pub mod keys;
 pub mod marker;
 pub mod merge;

@@ -5,11 +5,11 @@
 
 use crate::coordinate::{budget, merge_into, open_run, write_output, Output, Source, Writes};
 use crate::dir::{run_name, Dir};
+use crate::inflight::InFlight;
 use crate::marker::RunSummary;
 use crate::run::RunEncoder;
 use crate::{Error, Options, Result};
 use tessera_client::{Client, OpenOptions};
-use tokio::task::JoinHandle;
 
 /// Bytes of a run encoded at a time and written.
 const WRITE_CHUNK: usize = 4 << 20;
@@ -118,7 +118,7 @@ pub(crate) struct Spiller {
     buf: Buffer,
     pub runs: Vec<RunSummary>,
     /// The run being written in the background; it gives its buffer back.
-    inflight: Option<JoinHandle<Result<(RunSummary, Buffer)>>>,
+    inflight: InFlight<(RunSummary, Buffer)>,
     /// The buffer of the last run written, for the next.
     spare: Option<Buffer>,
     /// Runs issued (written or in flight).
@@ -135,7 +135,7 @@ impl Spiller {
             threshold: opts.threshold,
             buf: Buffer::default(),
             runs: Vec::new(),
-            inflight: None,
+            inflight: InFlight::new("writing a run"),
             spare: None,
             issued: 0,
         }
@@ -182,22 +182,14 @@ impl Spiller {
         let run = self.issued;
         self.issued += 1;
         let path = self.dir.child(&run_name(self.rank, run));
-        self.inflight = Some(tokio::spawn(write_run(
-            self.client.clone(),
-            path,
-            buf,
-            self.sorted,
-            run,
-        )));
+        self.inflight
+            .start(write_run(self.client.clone(), path, buf, self.sorted, run));
         Ok(())
     }
 
     /// Waits until every run issued is written.
     pub async fn wait(&mut self) -> Result<()> {
-        if let Some(task) = self.inflight.take() {
-            let (run, mut buf) = task
-                .await
-                .map_err(|e| Error::Failed(format!("writing a run: {e}")))??;
+        if let Some((run, mut buf)) = self.inflight.wait().await? {
             self.runs.push(run);
             buf.clear();
             self.spare = Some(buf);
@@ -206,14 +198,12 @@ impl Spiller {
     }
 
     pub fn test(&self) -> bool {
-        self.inflight.as_ref().is_none_or(JoinHandle::is_finished)
+        self.inflight.test()
     }
 
     /// Stops the run in flight, if any.
     pub fn stop(&mut self) {
-        if let Some(t) = self.inflight.take() {
-            t.abort();
-        }
+        self.inflight.stop();
     }
 
     /// Records and record bytes, in runs and buffered.

@@ -180,6 +180,17 @@ mod tests {
                 stripe: 4,
                 offset: 5,
             },
+            Op::WriteScatter {
+                file: 3,
+                stripe: 4,
+                pieces: vec![
+                    crate::Piece { offset: 0, len: 7 },
+                    crate::Piece {
+                        offset: 100,
+                        len: 3,
+                    },
+                ],
+            },
             Op::InodeCreate { inode: inode() },
             Op::InodeSetAttr {
                 ino: 9,

@@ -13,6 +13,7 @@
 //! * [`conns`]: a set of connections, one per peer, remade once broken (client and server).
 //! * [`pool`]: reusable stripe-sized buffers, so payloads land in warm memory.
 //! * [`admit`]: a bound on a port's connections that have not proven themselves yet.
+//! * [`scatter`]: the pieces of a scatter write (many pieces of one stripe in one request).
 //! * [`ratelimit`]: warnings about peers, at most one per period per kind, with a count.
 
 pub mod admit;
@@ -27,6 +28,7 @@ pub mod msg;
 pub mod pool;
 pub mod ratelimit;
 pub mod rpc;
+pub mod scatter;
 
 pub use auth::{AuthError, Secret};
 pub use cluster::*;
@@ -40,6 +42,7 @@ pub use rpc::{
     serve, Conn, Handler, NoticeSink, Reply, RpcClient, RpcConfig, RpcError, Sink, Waiter, Watcher,
     FRAME_TIMEOUT, MAX_CONNECTIONS, MAX_DETACHED, MAX_HANDSHAKING, OUTBOX_MAX,
 };
+pub use scatter::{check_pieces, Piece, SCATTER_PIECES_MAX};
 
 /// Version of the protocol spoken by this build; both ends must agree. Raise it with any change
 /// to the messages or to what inode numbers mean (2: placed inodes, `DirCreate`, listings and
@@ -50,7 +53,8 @@ pub use rpc::{
 /// the like placed ones, and servers refuse requests that would break the namespace; 11:
 /// `InodeRetract`, `DropFiles` without sizes, `RenameLock`; 13: opens held under client
 /// leases, their holders in `SyncItem::Inode` and `DirCreate`, `LeaseRenew`, `InodeRevoke`,
-/// `InodeScan`, `InodeReclaim`, `ClusterConfig::open_lease_ms`; 14: `NodeStats::pooled`).
-pub const PROTOCOL_VERSION: u16 = 14;
+/// `InodeScan`, `InodeReclaim`, `ClusterConfig::open_lease_ms`; 14: `NodeStats::pooled`; 15:
+/// `WriteScatter`).
+pub const PROTOCOL_VERSION: u16 = 15;
 /// First bytes of every connection.
 pub const MAGIC: [u8; 4] = *b"TSRA";

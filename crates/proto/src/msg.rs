@@ -2,6 +2,7 @@
 //! contents) travels beside it as the frame's raw payload.
 
 use crate::cluster::{ClusterConfig, ClusterStatus, NodeStats, TableInfo};
+use crate::scatter::Piece;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -271,6 +272,17 @@ pub enum Op {
     /// Write the payload at `offset` inside a stripe (creating it; a gap reads as zeros).
     /// Applied atomically: a concurrent read sees all of it or none. Reply: `Ok`.
     WriteStripe { file: Ino, stripe: u64, offset: u32 },
+    /// Write the payload, cut into `pieces` in order, each piece at its offset of a stripe
+    /// (creating it; a gap reads as zeros; the bytes between pieces are left as they are).
+    /// The pieces are in increasing offset order, not overlapping, inside the stripe, at most
+    /// [`crate::SCATTER_PIECES_MAX`], their lengths adding up to the payload's
+    /// ([`crate::check_pieces`]): else `Invalid`, and nothing is written. Applied atomically,
+    /// as `WriteStripe`. Reply: `Ok`.
+    WriteScatter {
+        file: Ino,
+        stripe: u64,
+        pieces: Vec<Piece>,
+    },
     /// Read up to `len` bytes at `offset` in a stripe. The reply payload may be shorter than
     /// `len` (or empty) where the stripe holds less: the client fills holes with zeros up to the
     /// file size. Reply: `Ok` with payload.
@@ -443,9 +455,9 @@ impl Op {
         let p = partitions;
         match self {
             Op::InodeScan { partition, .. } => Some(*partition),
-            Op::WriteStripe { file, stripe, .. } | Op::ReadStripe { file, stripe, .. } => {
-                Some(stripe_partition(*file, *stripe, p))
-            }
+            Op::WriteStripe { file, stripe, .. }
+            | Op::WriteScatter { file, stripe, .. }
+            | Op::ReadStripe { file, stripe, .. } => Some(stripe_partition(*file, *stripe, p)),
             Op::InodeCreate { inode } => Some(meta_partition(inode.ino, p)),
             Op::InodeGet { ino }
             | Op::InodeSetAttr { ino, .. }

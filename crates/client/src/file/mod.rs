@@ -28,6 +28,7 @@
 //! consistency, as NFS gives.
 
 mod read;
+mod scatter;
 mod write;
 
 use crate::options::{OpenOptions, WriteAck};

@@ -6,24 +6,58 @@ use super::File;
 use crate::route::{Ack, Key, Outcome};
 use crate::{Error, Result, WriteAck};
 use bytes::Bytes;
-use tessera_placement::segments;
-use tessera_proto::{ErrorCode, Op, Timespec};
+use tessera_placement::{segments, Ino};
+use tessera_proto::{ErrorCode, Op, Piece, Timespec};
 use tessera_trace::Op as TraceOp;
+
+/// Where a stripe write's bytes go in its stripe.
+pub(super) enum At {
+    /// All at one offset (`Op::WriteStripe`).
+    Offset(u32),
+    /// Cut into pieces, each at its own offset (`Op::WriteScatter`).
+    Pieces(Vec<Piece>),
+}
 
 /// A stripe write not yet acknowledged by every replica.
 pub(super) struct Inflight {
     stripe: u64,
-    offset: u32,
+    at: At,
     data: Bytes,
     /// Replicas still to acknowledge, primary first.
     acks: Vec<Ack>,
 }
 
 impl Inflight {
+    /// The request that writes it to file `file`.
+    fn op(&self, file: Ino) -> Op {
+        let stripe = self.stripe;
+        match &self.at {
+            At::Offset(offset) => Op::WriteStripe {
+                file,
+                stripe,
+                offset: *offset,
+            },
+            At::Pieces(pieces) => Op::WriteScatter {
+                file,
+                stripe,
+                pieces: pieces.clone(),
+            },
+        }
+    }
+
     /// The bytes of the file it writes, with stripes of `stripe` bytes.
-    fn range(&self, stripe: u64) -> (u64, u64) {
-        let start = self.stripe * stripe + u64::from(self.offset);
-        (start, start + self.data.len() as u64)
+    fn ranges(&self, stripe: u64) -> Vec<(u64, u64)> {
+        let base = self.stripe * stripe;
+        match &self.at {
+            At::Offset(offset) => {
+                let start = base + u64::from(*offset);
+                vec![(start, start + self.data.len() as u64)]
+            }
+            At::Pieces(pieces) => pieces
+                .iter()
+                .map(|p| (base + u64::from(p.offset), base + p.end()))
+                .collect(),
+        }
     }
 }
 
@@ -86,7 +120,11 @@ impl File {
 
     /// A write is stored on every replica.
     fn stored(&mut self, w: Inflight) {
-        self.lost.stored(w.range(self.stripe));
+        if self.lost.first().is_some() {
+            for range in w.ranges(self.stripe) {
+                self.lost.stored(range);
+            }
+        }
         self.client.router.pool().recycle(w.data);
     }
 
@@ -164,7 +202,7 @@ impl File {
 
     /// `send_pending` for a write: a failure found meanwhile (waiting for room in the window)
     /// is reported by it, which then grows the size no further.
-    async fn send(&mut self) -> Result<()> {
+    pub(super) async fn send(&mut self) -> Result<()> {
         self.send_pending().await?;
         self.unreported()
     }
@@ -175,35 +213,36 @@ impl File {
         let Some((start, buf)) = self.pending.take() else {
             return Ok(());
         };
+        let at = At::Offset((start % self.stripe) as u32);
+        self.queue(start / self.stripe, at, buf.freeze()).await
+    }
+
+    /// Queues a write of `data` to stripe `stripe` to every replica, once the window has
+    /// room; fails at once only if the stripe's partition is lost.
+    pub(super) async fn queue(&mut self, stripe: u64, at: At, data: Bytes) -> Result<()> {
         while self.inflight.len() >= self.client.opts.write_window.max(1) {
             self.complete_oldest().await;
         }
-        let stripe = start / self.stripe;
-        let offset = (start % self.stripe) as u32;
-        let data = buf.freeze();
         self.asked += data.len() as u64;
-        let op = Op::WriteStripe {
-            file: self.ino,
+        let mut w = Inflight {
             stripe,
-            offset,
+            at,
+            data,
+            acks: Vec::new(),
         };
         let router = &self.client.router;
-        let acks = match router
-            .send_write(&router.route(), Key::Stripe(self.ino, stripe), &op, &data)
+        let key = Key::Stripe(self.ino, stripe);
+        match router
+            .send_write(&router.route(), key, &w.op(self.ino), &w.data)
             .await
         {
-            Ok(acks) => acks,
+            Ok(acks) => w.acks = acks,
             Err(e) => {
-                self.lose([(start, start + data.len() as u64)], e);
+                self.lose(w.ranges(self.stripe), e);
                 return self.unreported();
             }
-        };
-        self.inflight.push_back(Inflight {
-            stripe,
-            offset,
-            data,
-            acks,
-        });
+        }
+        self.inflight.push_back(w);
         Ok(())
     }
 
@@ -230,7 +269,7 @@ impl File {
             // The space may be on its way back: `Router::write`, used by the re-send, waits
             // for it a moment.
             Outcome::Failed(e) if !e.is(&ErrorCode::NoSpace) => {
-                self.lose([w.range(self.stripe)], e);
+                self.lose(w.ranges(self.stripe), e);
             }
             Outcome::Failed(_) | Outcome::Retry(_) => {
                 self.inflight.push_front(w);
@@ -248,7 +287,7 @@ impl File {
         match router.wait_acks(std::mem::take(&mut w.acks)).await {
             Outcome::Done => self.stored(w),
             Outcome::Failed(e) if !e.is(&ErrorCode::NoSpace) => {
-                self.lose([w.range(self.stripe)], e);
+                self.lose(w.ranges(self.stripe), e);
             }
             Outcome::Failed(_) | Outcome::Retry(_) => {
                 self.lagging.push_front(w);
@@ -275,16 +314,11 @@ impl File {
         let client = self.client.clone();
         let mut redo = redo.into_iter();
         while let Some(w) = redo.next() {
-            let op = Op::WriteStripe {
-                file: self.ino,
-                stripe: w.stripe,
-                offset: w.offset,
-            };
             let key = Key::Stripe(self.ino, w.stripe);
             self.asked += w.data.len() as u64;
-            if let Err(e) = client.router.write(key, &op, &w.data).await {
+            if let Err(e) = client.router.write(key, &w.op(self.ino), &w.data).await {
                 let ss = self.stripe;
-                self.lose(std::iter::once(w).chain(redo).map(|w| w.range(ss)), e);
+                self.lose(std::iter::once(w).chain(redo).flat_map(|w| w.ranges(ss)), e);
                 return;
             }
             self.stored(w);

@@ -32,6 +32,13 @@ impl NodeHandler {
                 stripe,
                 offset,
             } => s.write(p, file, stripe, offset, payload).map(|()| ok()),
+            Op::WriteScatter {
+                file,
+                stripe,
+                pieces,
+            } => s
+                .write_scatter(p, file, stripe, &pieces, payload)
+                .map(|()| ok()),
             Op::ReadStripe {
                 file,
                 stripe,

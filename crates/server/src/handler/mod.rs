@@ -335,7 +335,10 @@ impl NodeHandler {
             }));
         }
         if !self.fault_delay.is_zero()
-            && matches!(op, Op::ReadStripe { .. } | Op::WriteStripe { .. })
+            && matches!(
+                op,
+                Op::ReadStripe { .. } | Op::WriteStripe { .. } | Op::WriteScatter { .. }
+            )
         {
             let h = self.clone();
             return Reply::Later(Box::pin(async move {

@@ -5,7 +5,7 @@ use super::{lock, Store, R};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
 use tessera_placement::{Ino, PartitionId};
-use tessera_proto::ErrorCode;
+use tessera_proto::{check_pieces, ErrorCode, Piece};
 
 impl Store {
     /// Writes `data` at `offset` of a stripe. Checked against capacity before anything changes.
@@ -17,6 +17,28 @@ impl Store {
                 data.len()
             )));
         }
+        let len = data.len() as u32;
+        self.put(p, file, stripe, &[Piece { offset, len }], data)
+    }
+
+    /// Writes `data`, cut into `pieces`, each at its offset of a stripe, atomically, as
+    /// [`Self::write`]; the pieces are checked first ([`check_pieces`]).
+    pub fn write_scatter(
+        &self,
+        p: PartitionId,
+        file: Ino,
+        stripe: u64,
+        pieces: &[Piece],
+        data: Bytes,
+    ) -> R<()> {
+        check_pieces(pieces, self.stripe_size, data.len())?;
+        self.put(p, file, stripe, pieces, data)
+    }
+
+    /// Stores `data`'s `pieces` (checked: in order, disjoint, inside the stripe, as long as
+    /// `data` in all) in a stripe, under its partition's lock, charged before anything changes.
+    fn put(&self, p: PartitionId, file: Ino, stripe: u64, pieces: &[Piece], data: Bytes) -> R<()> {
+        let end = pieces.last().map_or(0, |l| l.end() as usize);
         let mut guard = self.part_mut(p)?;
         let part = &mut *guard;
         let file_stripes = part.stripes.entry(file).or_default();
@@ -32,9 +54,13 @@ impl Store {
             return Err(e);
         }
         let existed = old.is_some();
+        let whole = [Piece {
+            offset: 0,
+            len: self.stripe_size,
+        }];
         let stored = match old {
             // A whole stripe: keep the buffer it arrived in, no copy.
-            _ if offset == 0 && data.len() == self.stripe_size as usize => {
+            _ if pieces == whole => {
                 if let Some(old) = old {
                     self.pool.recycle(old);
                 }
@@ -42,8 +68,12 @@ impl Store {
             }
             None => {
                 let mut buf = self.pool.get(end);
-                buf.resize(offset as usize, 0);
-                buf.extend_from_slice(&data);
+                let mut at = 0;
+                for piece in pieces {
+                    buf.resize(piece.offset as usize, 0);
+                    buf.extend_from_slice(&data[at..at + piece.len as usize]);
+                    at += piece.len as usize;
+                }
                 self.pool.recycle(data);
                 buf.freeze()
             }
@@ -57,7 +87,12 @@ impl Store {
                 if buf.len() < end {
                     buf.resize(end, 0);
                 }
-                buf[offset as usize..end].copy_from_slice(&data);
+                let mut at = 0;
+                for piece in pieces {
+                    let (from, len) = (piece.offset as usize, piece.len as usize);
+                    buf[from..from + len].copy_from_slice(&data[at..at + len]);
+                    at += len;
+                }
                 self.pool.recycle(data);
                 buf.freeze()
             }
@@ -73,9 +108,10 @@ impl Store {
             }
         }
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .bytes_written
-            .fetch_add((end - offset as usize) as u64, Ordering::Relaxed);
+        self.counters.bytes_written.fetch_add(
+            pieces.iter().map(|p| u64::from(p.len)).sum(),
+            Ordering::Relaxed,
+        );
         Ok(())
     }
 

@@ -4,7 +4,7 @@ use super::*;
 use proptest::prelude::*;
 use std::sync::Arc;
 use tessera_placement::meta_partition;
-use tessera_proto::{FileKind, SetAttr, Timespec, DIR_PAGE_INODE_BYTES, DIR_PAGE_MAX};
+use tessera_proto::{FileKind, Piece, SetAttr, Timespec, DIR_PAGE_INODE_BYTES, DIR_PAGE_MAX};
 
 mod names;
 mod orphans;
@@ -95,6 +95,11 @@ enum StripeOp {
         offset: u32,
         data: Vec<u8>,
     },
+    /// A scatter write: pieces as (gap after the one before, bytes), laid out by `scattered`.
+    Scatter {
+        stripe: u64,
+        pieces: Vec<(u32, Vec<u8>)>,
+    },
     Truncate(u64),
     Read {
         stripe: u64,
@@ -109,9 +114,30 @@ fn stripe_op() -> impl Strategy<Value = StripeOp> {
             prop::collection::vec(any::<u8>(), 0..=(SS - offset) as usize)
                 .prop_map(move |data| StripeOp::Write { stripe, offset, data })
         }),
+        2 => (0u64..4, prop::collection::vec((0u32..600, prop::collection::vec(any::<u8>(), 1..300)), 1..12))
+            .prop_map(|(stripe, pieces)| StripeOp::Scatter { stripe, pieces }),
         1 => (0u64..(4 * u64::from(SS))).prop_map(StripeOp::Truncate),
         3 => (0u64..4, 0u32..SS, 0u32..SS).prop_map(|(stripe, offset, len)| StripeOp::Read { stripe, offset, len }),
     ]
+}
+
+/// The pieces of a scatter write and its payload: each piece `gap` bytes after the one before,
+/// those past the stripe's end left out.
+fn scattered(pieces: &[(u32, Vec<u8>)]) -> (Vec<Piece>, Bytes) {
+    let (mut out, mut data, mut at) = (Vec::new(), Vec::new(), 0);
+    for (gap, bytes) in pieces {
+        let piece = Piece {
+            offset: at + gap,
+            len: bytes.len() as u32,
+        };
+        if piece.end() > u64::from(SS) {
+            break;
+        }
+        at = piece.end() as u32;
+        out.push(piece);
+        data.extend_from_slice(bytes);
+    }
+    (out, Bytes::from(data))
 }
 
 /// Applies one change of a mixed workload to partition 0 (errors are part of it).
@@ -127,6 +153,10 @@ fn mixed(s: &Store, op: &StripeOp, k: u64) {
             i.size = k;
             let _ = s.inode_create(0, i);
             let _ = s.inode_extend(0, 100 + k % 5, k, t(k as i64));
+        }
+        StripeOp::Scatter { stripe, pieces } => {
+            let (pieces, data) = scattered(pieces);
+            let _ = s.write_scatter(0, 9 + k % 2, *stripe, &pieces, data);
         }
         StripeOp::Truncate(size) => {
             let _ = s.truncate(&[0], 9 + k % 2, *size);
@@ -261,6 +291,23 @@ proptest! {
                     if m.len() < end { m.resize(end, 0); }
                     m[offset as usize..end].copy_from_slice(&data);
                     s.write(0, 9, stripe, offset, Bytes::from(data)).unwrap();
+                }
+                StripeOp::Scatter { stripe, pieces } => {
+                    let (pieces, data) = scattered(&pieces);
+                    let m = &mut model[stripe as usize];
+                    let mut at = 0;
+                    for p in &pieces {
+                        let (from, end) = (p.offset as usize, p.end() as usize);
+                        if m.len() < end { m.resize(end, 0); }
+                        m[from..end].copy_from_slice(&data[at..at + p.len as usize]);
+                        at += p.len as usize;
+                    }
+                    let written = s.write_scatter(0, 9, stripe, &pieces, data);
+                    if pieces.is_empty() {
+                        prop_assert!(matches!(written, Err(ErrorCode::Invalid(_))));
+                    } else {
+                        written.unwrap();
+                    }
                 }
                 StripeOp::Truncate(size) => {
                     s.truncate(&[0], 9, size).unwrap();
@@ -424,4 +471,46 @@ fn enospc_changes_nothing() {
         Err(ErrorCode::NoSpace)
     );
     assert_eq!((tiny.inode_count(), tiny.used()), (0, 0));
+}
+
+#[test]
+fn a_scatter_write_that_finds_the_memory_full_changes_nothing() {
+    let p = |offset, len| Piece { offset, len };
+    let s = store(6000);
+    s.write(0, 1, 0, 0, Bytes::from(vec![1u8; 3000])).unwrap();
+    let before = s.used();
+    // New stripes of 4096 and 4001 bytes: more than the 3000 left.
+    let far = [p(10, 5), p(2000, 5), p(4000, 96)];
+    assert_eq!(
+        s.write_scatter(0, 1, 1, &far, Bytes::from(vec![2u8; 106])),
+        Err(ErrorCode::NoSpace)
+    );
+    let grows = [p(100, 4), p(2990, 20), p(4000, 1)];
+    assert_eq!(
+        s.write_scatter(0, 2, 0, &grows, Bytes::from(vec![2u8; 25])),
+        Err(ErrorCode::NoSpace)
+    );
+    assert_eq!((s.used(), s.stripe_count()), (before, 1));
+    assert!(s.placed_matches() && s.charges_add_up());
+    assert_eq!(&s.read(0, 1, 0, 0, SS).unwrap()[..], &[1u8; 3000][..]);
+    assert_eq!(s.read(0, 1, 1, 0, SS).unwrap().len(), 0, "no stripe made");
+    // A malformed one is refused before anything is charged.
+    let overlapping = [p(0, 8), p(4, 8)];
+    assert!(matches!(
+        s.write_scatter(0, 1, 0, &overlapping, Bytes::from(vec![3u8; 16])),
+        Err(ErrorCode::Invalid(_))
+    ));
+    // What fits is written, the bytes between pieces kept: 96 bytes more.
+    let fits = [p(10, 2), p(2990, 106)];
+    s.write_scatter(0, 1, 0, &fits, Bytes::from(vec![4u8; 108]))
+        .unwrap();
+    assert_eq!(s.used(), before + 96);
+    let got = s.read(0, 1, 0, 0, SS).unwrap();
+    assert_eq!(got.len(), 3096);
+    assert_eq!(
+        (&got[..10], &got[10..12], &got[12..2990]),
+        (&[1u8; 10][..], &[4u8; 2][..], &[1u8; 2978][..])
+    );
+    assert!(got[2990..].iter().all(|&b| b == 4));
+    assert!(s.charges_add_up());
 }
