@@ -63,33 +63,38 @@ fn reference(all: &[Vec<String>], sorted: bool) -> Vec<u8> {
         .collect()
 }
 
+/// Starts writer `rank` of `n` of `tessera collect` into `output` with `args`, fed `input`.
+fn writer(
+    home: &Path,
+    output: &str,
+    n: usize,
+    rank: usize,
+    args: &[&str],
+    input: Vec<u8>,
+) -> Child {
+    let mut child = tessera(home)
+        .args(["collect", output, "--writers", &n.to_string()])
+        .args(["--rank", &rank.to_string()])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    std::thread::spawn(move || stdin.write_all(&input));
+    child
+}
+
 /// Starts one `tessera collect` writer per element of `all`, feeds it its lines, and returns
 /// their outputs.
 fn collect(home: &Path, output: &str, all: &[Vec<String>], extra: &[&str]) -> Vec<Output> {
-    let n = all.len().to_string();
     let children: Vec<Child> = all
         .iter()
         .enumerate()
         .map(|(rank, lines)| {
-            let mut child = tessera(home)
-                .args([
-                    "collect",
-                    output,
-                    "--writers",
-                    &n,
-                    "--rank",
-                    &rank.to_string(),
-                ])
-                .args(extra)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            let mut stdin = child.stdin.take().unwrap();
             let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
-            std::thread::spawn(move || stdin.write_all(text.as_bytes()));
-            child
+            writer(home, output, all.len(), rank, extra, text.into_bytes())
         })
         .collect();
     children
@@ -322,23 +327,15 @@ fn record(key: u64, size: usize) -> Vec<u8> {
 /// Starts `tessera collect` writers of fixed-size records, writer r fed `given[r]`'s records
 /// in that order, and waits for them.
 fn put_fixed(home: &Path, output: &str, given: &[Vec<u64>], args: &[&str]) -> Vec<Output> {
+    let args: Vec<&str> = std::iter::once("--json")
+        .chain(args.iter().copied())
+        .collect();
     let children: Vec<Child> = given
         .iter()
         .enumerate()
         .map(|(r, keys)| {
-            let mut c = tessera(home)
-                .args(["collect", output, "--writers", &given.len().to_string()])
-                .args(["--rank", &r.to_string(), "--json"])
-                .args(args)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            let mut stdin = c.stdin.take().unwrap();
             let text = records(keys.iter().copied(), 100);
-            std::thread::spawn(move || stdin.write_all(&text));
-            c
+            writer(home, output, given.len(), r, &args, text)
         })
         .collect();
     children.into_iter().map(|c| finish(c, 300)).collect()
