@@ -61,6 +61,17 @@ impl Prepared<'_> {
     /// Runs the phases and measures them.
     pub fn run(&self, opts: &Options) -> Result<Report, Error> {
         let (model, plan, dir) = (self.model, &self.plan, self.dir.as_path());
+        if opts.think.is_some() {
+            // A distance comes from the model file: one longer than the whole traced run is not
+            // a program's, and waiting it would hang the replay.
+            let wall = model.application.wall_ns;
+            if let Some(p) = model.phases.iter().find(|p| p.distance_ns > wall) {
+                return Err(Error::Model(format!(
+                    "phase {}: {} ns between requests, longer than the application's {wall} ns",
+                    p.id, p.distance_ns
+                )));
+            }
+        }
         let (trace_path, writer) = match &opts.trace {
             Some(d) => {
                 let io = |source| Error::Trace {

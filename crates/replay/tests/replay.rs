@@ -222,6 +222,7 @@ fn think_time_keeps_the_distance_between_requests() {
     // spent on a core or asleep.
     let mut m = synthetic::file_per_process(1, 6, 10);
     m.phases[0].distance_ns = 20_000_000;
+    m.application.wall_ns = 200_000_000;
     for think in [Think::Burn, Think::Sleep] {
         let dir = tempfile::tempdir().expect("a directory");
         let opts = Options {
@@ -237,6 +238,15 @@ fn think_time_keeps_the_distance_between_requests() {
             report.total.wall_ns
         );
     }
+    // A distance longer than the whole application is refused, not waited.
+    m.phases[0].distance_ns = u64::MAX;
+    let dir = tempfile::tempdir().expect("a directory");
+    let opts = Options {
+        think: Some(Think::Sleep),
+        ..Options::default()
+    };
+    let e = replay(&m, dir.path(), &opts).expect_err("a distance of 584 years");
+    assert!(matches!(e, Error::Model(_)), "{e}");
 }
 
 #[test]
