@@ -94,7 +94,8 @@ pub struct MetadataLoad {
     pub opens: u64,
     pub unlinks: u64,
     pub renames: u64,
-    /// Directory listings (each request for a page of entries).
+    /// Directory listings (one per read of a directory from its start, whatever the number
+    /// of requests for pages of entries it took).
     pub listings: u64,
     /// All of the above over the wall time.
     pub per_second: f64,

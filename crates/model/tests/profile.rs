@@ -293,6 +293,31 @@ fn a_create_stat_unlink_burst_is_three_metadata_phases() {
 }
 
 #[test]
+fn a_listing_is_one_operation_however_many_pages_it_takes() {
+    // Twenty directories read to the end: each a first page (offset 0), then pages from the
+    // cookie the one before ended at, then the empty page that ends it.
+    let mut t = Vec::new();
+    let mut at = 0;
+    for d in 0..20u64 {
+        for (k, cookie) in [0, 40, 80, 95].into_iter().enumerate() {
+            at += MS / 10;
+            let r = rec(Op::Readdir, 1, 10 + d, &format!("tree/d{d}"), cookie, 0, at);
+            assert_eq!(k == 0, r.offset == 0);
+            t.push(r);
+        }
+    }
+    let m = profile(&t);
+    assert_eq!(m.application.metadata.listings, 20);
+    let phases: Vec<_> = (m.meta_phases.iter())
+        .map(|p| (p.kind, p.ops, p.dir.as_str()))
+        .collect();
+    assert_eq!(phases, [(MetaKind::List, 20, "tree")]);
+    // Every page's time counts.
+    let page = t[0].duration_ns();
+    assert_eq!(m.meta_phases[0].io_time_ns, 80 * page);
+}
+
+#[test]
 fn the_model_round_trips_through_json_and_other_schemas_are_refused() {
     let m = profile(&[rec(Op::Write, 1, 1, "a", 0, 10, 0)]);
     let text = m.to_json();

@@ -96,6 +96,9 @@ pub(crate) struct Plan {
     /// Relative paths: each model file's, each metadata phase's directory.
     pub file_paths: Vec<PathBuf>,
     pub meta_dirs: Vec<PathBuf>,
+    /// The data phases' opens (process, file) taken off an opens phase: the replay's trace
+    /// shows them as opens.
+    pub carried_opens: BTreeSet<(u32, u32)>,
 }
 
 /// A path of the model as a path under the replay directory: only plain components.
@@ -218,7 +221,7 @@ impl Plan {
                 }
             }
         }
-        let mut prepare = names.finish();
+        let (mut prepare, carried_opens) = names.finish();
         for (f, path) in m.files.iter().zip(&file_paths) {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 prepare.dirs.insert(parent.to_path_buf());
@@ -245,6 +248,7 @@ impl Plan {
             prepare,
             file_paths,
             meta_dirs,
+            carried_opens,
         })
     }
 
@@ -275,6 +279,7 @@ struct Names {
     dirs: BTreeMap<PathBuf, DirState>,
     meta_dirs: Vec<PathBuf>,
     prepare: Prepare,
+    carried: BTreeSet<(u32, u32)>,
 }
 
 #[derive(Default)]
@@ -290,6 +295,9 @@ struct DirState {
     spare_dirs: u64,
     /// Stats and opens go round what is there.
     next_look: usize,
+    /// Opens of the trace that the data phases make (a process opens each of its files
+    /// once: process, file, by first use), still to be taken off the opens phases here.
+    carried_opens: VecDeque<(u32, u32)>,
     /// Its listing directory is prepared.
     listed: bool,
 }
@@ -318,10 +326,23 @@ impl Names {
                 }
             }
         }
+        let mut phases: Vec<&Phase> = m.phases.iter().collect();
+        phases.sort_by_key(|p| (p.start_ns, p.id));
+        let mut opened = BTreeSet::new();
+        for p in phases {
+            for q in &p.processes {
+                let parent = file_paths.get(p.file as usize).and_then(|p| p.parent());
+                let dir = parent.and_then(|p| dirs.get_mut(p));
+                if let Some(d) = dir.filter(|_| opened.insert((q.pid, p.file))) {
+                    d.carried_opens.push_back((q.pid, p.file));
+                }
+            }
+        }
         Names {
             dirs,
             meta_dirs: meta_dirs.to_vec(),
             prepare: Prepare::default(),
+            carried: BTreeSet::new(),
         }
     }
 
@@ -342,9 +363,17 @@ impl Names {
             prepare.remove.push(dir.join(format!("replay-{id}-{k}")));
             Name::New(id, k)
         };
-        let mut ops = Vec::with_capacity(usize::try_from(mp.ops).unwrap_or(0));
+        let mut n = mp.ops;
+        while mp.kind == MetaKind::Open && n > 0 {
+            let Some(open) = st.carried_opens.pop_front() else {
+                break;
+            };
+            self.carried.insert(open);
+            n -= 1;
+        }
+        let mut ops = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
         let op = |name| MetaOp { name, to: None };
-        for k in 0..mp.ops {
+        for k in 0..n {
             let prepare = &mut self.prepare;
             ops.push(match mp.kind {
                 MetaKind::Create => {
@@ -422,8 +451,8 @@ impl Names {
         ops
     }
 
-    fn finish(self) -> Prepare {
-        self.prepare
+    fn finish(self) -> (Prepare, BTreeSet<(u32, u32)>) {
+        (self.prepare, self.carried)
     }
 }
 
@@ -763,6 +792,41 @@ mod tests {
         assert_eq!(
             plan.name_path(0, Name::New(0, 3)),
             Path::new("burst/replay-0-3")
+        );
+    }
+
+    #[test]
+    fn the_data_phases_make_their_files_opens() {
+        let read = |file, pids: &[(u32, u64)], slot| {
+            let seq = AccessMode::Sequential;
+            synthetic::phase(file, DataOp::Read, seq, pids, 1, 100, None, (0, 100), slot)
+        };
+        let m = synthetic::model(
+            ["/src/a", "/src/b", "/src/c"]
+                .map(|p| synthetic::file(p, false, 100))
+                .into(),
+            // Process 1 reads a and b, process 2 reads a: three opens.
+            vec![read(0, &[(1, 0), (2, 0)], 1), read(1, &[(1, 0)], 1)],
+            vec![
+                synthetic::meta_phase(MetaKind::Open, "/src", &[1, 2], 2, 0),
+                synthetic::meta_phase(MetaKind::Stat, "/src", &[1], 4, 0),
+                synthetic::meta_phase(MetaKind::Open, "/src", &[1], 5, 2),
+            ],
+        );
+        let plan = Plan::new(&m).expect("a plan");
+        let opens: Vec<(MetaKind, usize)> = (plan.tasks.iter())
+            .filter_map(|t| match t {
+                Task::Meta(i, ops) => Some((m.meta_phases[*i].kind, ops.len())),
+                Task::Data(_) => None,
+            })
+            .collect();
+        assert_eq!(
+            opens,
+            [
+                (MetaKind::Open, 0),
+                (MetaKind::Stat, 4),
+                (MetaKind::Open, 4)
+            ]
         );
     }
 

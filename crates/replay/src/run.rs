@@ -449,11 +449,13 @@ impl Run<'_> {
             });
             Stopped
         };
+        let traced = format!("/{}", rel.display());
         if let Entry::Vacant(v) = me.open.entry(phase.file) {
             let (read, write) = proc
                 .files
                 .get(&phase.file)
                 .map_or((true, false), |u| (u.read, u.write));
+            let start = self.now();
             let file = OpenOptions::new()
                 .read(read)
                 .write(write)
@@ -461,14 +463,27 @@ impl Run<'_> {
                 .truncate(false)
                 .open(&path)
                 .map_err(|e| stop("opening", e))?;
+            let end = self.now();
             let ino = file.metadata().map_or(0, |m| m.ino());
             v.insert((file, ino));
+            // One of the trace's opens, which the plan took off its opens phases.
+            if self.plan.carried_opens.contains(&(me.pid, phase.file)) {
+                self.record(
+                    me,
+                    Event {
+                        ino,
+                        path: Some(traced.as_bytes()),
+                        start_ns: start,
+                        end_ns: end,
+                        ..Event::new(Op::Open)
+                    },
+                );
+            }
         }
         let Some((file, ino)) = me.open.get(&phase.file) else {
             return Err(Stopped);
         };
         let (file, ino) = (file, *ino);
-        let traced = format!("/{}", rel.display());
         let (what, op) = match phase.op {
             DataOp::Read => ("reading", Op::Read),
             DataOp::Write => ("writing", Op::Write),

@@ -496,6 +496,17 @@ impl Profiler {
             }
             _ => return,
         };
+        // A listing is one operation however many requests it takes: a readdir past offset 0
+        // goes on with the one before it (its time counts, not as another listing).
+        if kind == MetaKind::List && r.offset != 0 {
+            self.app.metadata.time_ns += r.duration_ns();
+            let key = (self.dir(r), kind);
+            if let Some(b) = self.bursts.get_mut(&key) {
+                b.end_ns = b.end_ns.max(r.end_ns);
+                b.io_time_ns += r.duration_ns();
+            }
+            return;
+        }
         let m = &mut self.app.metadata;
         match kind {
             MetaKind::Create => m.creates += 1,
