@@ -9,8 +9,9 @@ each emit 100-byte SAM-like records keyed by position into one output, four ways
 - collective: N `tessera collect --key 4n` processes fed the records on standard input (the
   library; aggregation = from every writer's marker in to the output in place, as the writers
   report it), with one coordinator and with two;
-- for reference, N-to-N unsorted: every process writes its own file through the mount, and
-  `tessera cp -j N` of the N files (the library); and the collective without keys (each
+- for reference, N-to-N unsorted: every process writes its own file through the mount,
+  `tessera cp -j N` of the N files (the library, one process), and N `tessera cp` processes
+  of a file each (the library, started as the collective's writers are); and the collective without keys (each
   writer writes its own part at its offset, no merge), with the default threshold (16 MiB:
   runs spilled and copied) and with one above a writer's records (no run);
 - fixed-size records placed by key (`tessera collect --record-size 100 --key-range 0:R`, R the
@@ -216,6 +217,20 @@ def measure(
             check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         res["N-to-N unsorted (library, cp -j N) s"] = time.perf_counter() - t
+        # Started as the collective's writers are: N processes, each its own records.
+        os.mkdir(f"{mnt}/cpn")
+        settle()
+        t = time.perf_counter()
+        copies = [
+            subprocess.Popen(
+                [tessera, "cp", f"{local}/w{r}.sam", f"tessera:/cpn/w{r}.sam"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            for r in range(n)
+        ]
+        if any(c.wait() for c in copies):
+            raise RuntimeError("a tessera cp failed")
+        res["N-to-N unsorted (library, N tessera cp) s"] = time.perf_counter() - t
 
     for p in os.listdir(mnt):
         if p != "bench":
@@ -285,7 +300,7 @@ def main() -> None:
         ("fixed-size, blocks", "collective fixed-size, blocks s"),
         ("fixed-size, interleaved", "collective fixed-size, interleaved s"),
     ]:
-        base = "N-to-N unsorted (library, cp -j N) s"
+        base = "N-to-N unsorted (library, N tessera cp) s"
         if base not in rows[0][1] or way not in rows[0][1]:
             continue
         ratios = [res[base] / res[way] for _, res in rows]

@@ -175,18 +175,16 @@ async fn feed(w: &mut Collective, key: Option<&KeySpec>) -> Result<()> {
     let mut buf: Vec<u8> = Vec::with_capacity(2 * READ);
     let mut k = Vec::new();
     loop {
-        let start = buf.len();
-        buf.resize(start + READ, 0);
+        buf.reserve(READ);
         let n = stdin
-            .read(&mut buf[start..])
+            .read_buf(&mut buf)
             .await
             .context("reading standard input")?;
-        buf.truncate(start + n);
         if n == 0 && !buf.is_empty() && buf.last() != Some(&b'\n') {
             buf.push(b'\n');
         }
         let mut at = 0;
-        while let Some(nl) = buf[at..].iter().position(|&b| b == b'\n') {
+        while let Some(nl) = memchr::memchr(b'\n', &buf[at..]) {
             let line = &buf[at..at + nl + 1];
             let full = match key {
                 Some(spec) => {
