@@ -4,18 +4,21 @@
 # server memory (first touch), once more on memory the servers already used.
 # Usage: scripts/bench.sh [SIZE]   (default 4GiB)
 # Environment: OUT (where the JSON results go), UP_ARGS (extra flags for `tessera up`, e.g.
-# "--prefault 1GiB": the first bench then waits until the servers' pools are full).
+# "--prefault 1GiB": the first bench then waits until the servers' pools are full), TESSERA_BIN
+# (another tessera binary; none is built then).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size=${1:-4GiB}
 if ! command -v iperf3 >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3 >/dev/null
 fi
-cargo build --release -q -p tessera-cli
+if [ -z "${TESSERA_BIN:-}" ]; then
+  cargo build --release -q -p tessera-cli
+fi
+bin=${TESSERA_BIN:-target/release/tessera}
 export TESSERA_HOME=$(mktemp -d)
 out=${OUT:-$TESSERA_HOME}
 mkdir -p "$out"
-bin=target/release/tessera
 
 iperf3 -s -1 -B 127.0.0.1 -p 15201 >/dev/null 2>&1 &
 sleep 0.5
