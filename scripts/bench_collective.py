@@ -13,7 +13,8 @@ each emit 100-byte SAM-like records keyed by position into one output, four ways
   `tessera cp -j N` of the N files (the library, one process), and N `tessera cp` processes
   of a file each (the library, started as the collective's writers are); and the collective without keys (each
   writer writes its own part at its offset, no merge), with the default threshold (16 MiB:
-  runs spilled and copied) and with one above a writer's records (no run);
+  runs spilled and copied), with one above a writer's records (no run), and in arrival order
+  (each 16 MiB buffer written once, at once, at a reservation at the output's end);
 - fixed-size records placed by key (`tessera collect --record-size 100 --key-range 0:R`, R the
   records in all): writer r owns a block of consecutive keys, given in a random order
   ("blocks"), or every key k with k % N == r ("interleaved"); the output must be the records in
@@ -197,6 +198,9 @@ def measure(
         took, agg = collect("plain1.sam", ["--threshold", "1GiB"])
         res["collective unsorted, no run s"] = took
         res["collective unsorted, no run: aggregation s"] = agg
+        took, agg = collect("arrival.sam", ["--order", "arrival"])
+        res["collective unsorted, arrival order s"] = took
+        res["collective unsorted, arrival order: aggregation s"] = agg
     fixed = ["--record-size", str(RECORD), "--key-range", f"0:{n * per}"]
     for kind in ("blocks", "interleaved") if "fixed" in WAYS else ():
         took, agg = collect(f"fixed-{kind}.bin", fixed, inputs=kind)
@@ -297,6 +301,7 @@ def main() -> None:
     for name, way in [
         ("collective unsorted", "collective unsorted s"),
         ("collective unsorted, no run", "collective unsorted, no run s"),
+        ("collective unsorted, arrival order", "collective unsorted, arrival order s"),
         ("fixed-size, blocks", "collective fixed-size, blocks s"),
         ("fixed-size, interleaved", "collective fixed-size, interleaved s"),
     ]:

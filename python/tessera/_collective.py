@@ -194,10 +194,11 @@ class _CollectiveApi:
         join_timeout: float = 300.0,
         record_size: Optional[int] = None,
         key_range: Union[Tuple[int, int], range, None] = None,
+        order: str = "rank",
     ) -> Collective:
         """Joins the collective output ``path`` (its directory must exist) as writer
         ``rank`` of ``writers``. Every writer must pass the same ``writers``, ``sorted``,
-        ``top``, ``strategy`` and ``coordinators_per_node``.
+        ``order``, ``top``, ``strategy`` and ``coordinators_per_node``.
 
         ``sorted``: records carry keys and the output is sorted by them (ties: by rank,
         then append order); ``threshold``: bytes buffered before a run is written;
@@ -209,8 +210,12 @@ class _CollectiveApi:
         taken for dead; ``join_timeout``: seconds finalisation waits for a writer that never
         joined. ``record_size`` and ``key_range`` (``(LO, HI)`` or ``range(LO, HI)``, HI
         excluded): fixed-size records put by key (:meth:`Collective.put`), each at offset
-        ``(key - LO) * record_size``; neither ``sorted`` nor ``top`` then. ``client``: the connection (default: one shared client, configured as
-        :class:`tessera.Client` is without arguments)."""
+        ``(key - LO) * record_size``; neither ``sorted`` nor ``top`` then. ``order``, for
+        records without keys: ``rank`` (rank after rank, the same output every time) or
+        ``arrival`` (each buffer written once, at once, where the output ends when it
+        arrives: faster, writers' buffers interleaved; not with ``top``). ``client``: the
+        connection (default: one shared client, configured as :class:`tessera.Client` is
+        without arguments)."""
         raw = _client(client)._inner.collective(
             path,
             writers,
@@ -225,6 +230,7 @@ class _CollectiveApi:
             join_timeout,
             record_size,
             _key_range(key_range),
+            order,
         )
         return Collective(raw)
 

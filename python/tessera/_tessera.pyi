@@ -118,6 +118,7 @@ class Client:
         join_timeout: float = 300.0,
         record_size: Optional[int] = None,
         key_range: Optional[Tuple[int, int]] = None,
+        order: str = "rank",
     ) -> Collective: ...
     def wait_output(self, path: str, timeout: Optional[float] = None) -> int: ...
 

@@ -112,6 +112,33 @@ def test_unsorted_output_and_top(client: Client, base: str) -> None:
     )
 
 
+def test_arrival_order_keeps_every_record_and_each_writers_order(
+    client: Client, base: str
+) -> None:
+    all_ = [records(r, 1500) for r in range(3)]
+
+    def arrival(rank: int) -> CollectiveResult:
+        w = tessera.collective(
+            f"{base}/arrival", 3, rank, client=client, order="arrival", threshold=8 << 10
+        )
+        for _, r in all_[rank]:
+            w.append(r)
+        return w.finalize()
+
+    for r in run_writers(3, arrival).values():
+        assert isinstance(r, CollectiveResult) and r.records == 4500, r
+        assert r.coordinators == [], r
+    lines = client.cat(f"{base}/arrival").splitlines(keepends=True)
+    assert sorted(lines) == sorted(rec for recs in all_ for _, rec in recs)
+    for rank, recs in enumerate(all_):
+        mine = [ln for ln in lines if ln.startswith(f"w{rank} #".encode())]
+        assert mine == [rec for _, rec in recs], f"writer {rank}'s records out of order"
+    with pytest.raises(ValueError, match="no order"):
+        tessera.collective(f"{base}/bad", 2, 0, client=client, order="fastest")
+    with pytest.raises(ValueError, match="arrival order"):
+        tessera.collective(f"{base}/bad", 2, 0, client=client, order="arrival", top=3)
+
+
 def test_a_writer_that_raises_fails_the_others(client: Client, base: str) -> None:
     path = f"{base}/failed"
 

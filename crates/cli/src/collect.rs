@@ -10,7 +10,7 @@ use std::time::Duration;
 use tessera_client::Client;
 use tessera_collective::fields::KeySpec;
 use tessera_collective::{
-    wait_output, Collective, Fixed, Options, Outcome, Strategy, MAX_RECORD_SIZE,
+    wait_output, Collective, Fixed, Options, Order, Outcome, Strategy, MAX_RECORD_SIZE,
 };
 use tokio::io::AsyncReadExt;
 
@@ -30,6 +30,11 @@ pub struct CollectArgs {
     /// Field separator of --key (default: runs of spaces and tabs).
     #[arg(long, value_parser = separator)]
     sep: Option<u8>,
+    /// Without --key: `rank` (rank after rank, the same output every time) or `arrival`
+    /// (each buffer written once, at once, at the output's end when it arrives: faster,
+    /// writers' buffers interleaved; not with --top).
+    #[arg(long, default_value = "rank", conflicts_with_all = ["key", "top", "record_size"])]
+    order: Order,
     /// Keep only the first K records of the output.
     #[arg(long)]
     top: Option<u64>,
@@ -45,7 +50,8 @@ pub struct CollectArgs {
     /// How coordinators are chosen: least-loaded, least, most, least-rr, most-rr.
     #[arg(long, default_value = "least-loaded")]
     strategy: Strategy,
-    /// Bytes buffered before they are written out as a sorted run.
+    /// Bytes buffered before they are written out as a (sorted) run, or in arrival order
+    /// into the output.
     #[arg(long, default_value = "16MiB", value_parser = size)]
     threshold: u64,
     /// A coordinator's merge memory.
@@ -122,6 +128,7 @@ pub async fn run(client: &Client, args: &CollectArgs) -> Result<()> {
     };
     let opts = Options {
         sorted: args.key.is_some() && fixed.is_none(),
+        order: args.order,
         fixed: fixed.clone(),
         threshold: usize::try_from(args.threshold).context("--threshold")?,
         top: args.top,

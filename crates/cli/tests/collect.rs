@@ -63,6 +63,21 @@ fn reference(all: &[Vec<String>], sorted: bool) -> Vec<u8> {
         .collect()
 }
 
+/// Is `out` every line of `all` once, each writer's lines in their order?
+fn arrived(out: &[u8], all: &[Vec<String>]) {
+    let got: Vec<&str> = std::str::from_utf8(out).unwrap().lines().collect();
+    let mut sorted_got = got.clone();
+    sorted_got.sort_unstable();
+    let mut want: Vec<&str> = all.iter().flatten().map(String::as_str).collect();
+    want.sort_unstable();
+    assert!(sorted_got == want, "not every line once");
+    for lines in all {
+        let set: std::collections::HashSet<&str> = lines.iter().map(String::as_str).collect();
+        let mine: Vec<&str> = got.iter().copied().filter(|l| set.contains(l)).collect();
+        assert!(mine == *lines, "a writer's lines out of its order");
+    }
+}
+
 /// Starts writer `rank` of `n` of `tessera collect` into `output` with `args`, fed `input`.
 fn writer(
     home: &Path,
@@ -153,6 +168,18 @@ fn writer_processes_make_the_reference_sort_for_every_strategy() {
         json(&out);
     }
     assert!(ok(home, &["cat", "/out/plain"]) == reference(&all, false));
+    // In arrival order: every line once, each writer's in its order.
+    for out in collect(
+        home,
+        "/out/arrival",
+        &all,
+        &["--order", "arrival", "--threshold", "40KiB", "--json"],
+    ) {
+        let j = json(&out);
+        assert_eq!(j["records"], total, "{j}");
+        assert_eq!(j["coordinators"].as_array().unwrap().len(), 0, "{j}");
+    }
+    arrived(&ok(home, &["cat", "/out/arrival"]), &all);
     let listing = String::from_utf8(ok(home, &["ls", "/out"])).unwrap();
     assert!(!listing.contains("tessera-collective"), "{listing}");
 }
@@ -299,6 +326,9 @@ fn a_killed_writer_fails_the_others_and_no_output_appears() {
     // Without keys: the same, though nobody merges.
     let plain = ["--threshold", "16KiB"];
     a_killed_writer_fails_the_others(home, "/k.txt", &plain, &victim, &others, "w1.r0");
+    // In arrival order: writer 1 has written some into the output.
+    let arrival = ["--order", "arrival", "--threshold", "16KiB"];
+    a_killed_writer_fails_the_others(home, "/k.arr", &arrival, &victim, &others, "output");
     // Fixed-size records: writer 1 has written some in place.
     let fixed = [
         "--record-size",

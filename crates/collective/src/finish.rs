@@ -4,7 +4,7 @@
 
 use crate::coordinate::write_output;
 use crate::dir::{run_name, Dir, Listing};
-use crate::marker::{Abort, Finished};
+use crate::marker::{Abort, Finished, Marker, Part};
 use crate::watch::Watch;
 use crate::{Error, Result};
 use std::time::{Duration, Instant};
@@ -78,6 +78,47 @@ pub(crate) async fn install(client: &Client, dir: &Dir, rank: u32, done: Finishe
     let json = serde_json::to_vec(&finished).map_err(|e| Error::Invalid(e.to_string()))?;
     dir.put(client, rank, "finished", &json).await?;
     Ok(size)
+}
+
+/// In arrival order, before the output goes in place: the writers' parts must cover it
+/// exactly. A reservation a client sent again (its server failed over as it answered) would
+/// leave a stretch of zeros no writer wrote; the output is refused rather than installed
+/// with it.
+pub(crate) async fn check_parts(client: &Client, dir: &Dir, markers: &[Marker]) -> Result<()> {
+    let mut parts: Vec<(Part, u32)> = markers
+        .iter()
+        .flat_map(|m| m.parts.iter().map(move |p| (*p, m.rank)))
+        .filter(|(p, _)| p.bytes > 0)
+        .collect();
+    parts.sort_by_key(|(p, _)| p.offset);
+    let size = match client.stat(dir.child("output")).await {
+        Ok(i) => i.size,
+        Err(e) if e.is(&ErrorCode::NotFound) && parts.is_empty() => 0,
+        Err(e) => return Err(e.into()),
+    };
+    let mut end = 0;
+    for (p, rank) in &parts {
+        if p.offset != end {
+            return Err(Error::Failed(gap(end, p.offset, Some(*rank))));
+        }
+        end += p.bytes;
+    }
+    if size != end {
+        return Err(Error::Failed(gap(end, size, None)));
+    }
+    Ok(())
+}
+
+fn gap(from: u64, to: u64, next: Option<u32>) -> String {
+    let what = match (to > from, next) {
+        (true, _) => {
+            format!("bytes {from} to {to} of the output were reserved but no writer wrote them")
+        }
+        (false, Some(_)) => format!("the writers' parts overlap at byte {to}"),
+        (false, None) => format!("the output ends at byte {to}, before its parts' end {from}"),
+    };
+    let next = next.map_or(String::new(), |r| format!(" (before a part of writer {r})"));
+    format!("{what}{next}: a reservation was made twice (a server failed over as it answered); the output is not installed")
 }
 
 /// Writer `rank` of `writers` saw the output in place: it says so, and the last to say so

@@ -122,8 +122,34 @@ impl Fixed {
     }
 }
 
+/// The order of an output without keys.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Order {
+    /// Rank after rank, each writer's records in the order it appended them: the same output
+    /// every time. A writer's part is placed once every writer is done, so what it spilled
+    /// before is written twice.
+    #[default]
+    Rank,
+    /// Each buffer in the order it reached the output, written once, at once, at the end the
+    /// output has then (a reservation at the server holding its size): a writer's records
+    /// stay in its order, buffers of writers interleave. Not with `top`.
+    Arrival,
+}
+
+impl std::str::FromStr for Order {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "rank" => Ok(Self::Rank),
+            "arrival" => Ok(Self::Arrival),
+            _ => Err(format!("no order {s:?}: rank or arrival")),
+        }
+    }
+}
+
 /// How a writer takes part in a collective output. Every writer of one output must give the
-/// same `writers`, `sorted`, `top`, `fixed`, `strategy` and `coordinators_per_node`.
+/// same `writers`, `sorted`, `order`, `top`, `fixed`, `strategy` and `coordinators_per_node`.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// Writers taking part (as an MPI communicator's size).
@@ -132,6 +158,8 @@ pub struct Options {
     pub rank: u32,
     /// Records carry keys and the output is sorted by them.
     pub sorted: bool,
+    /// Without keys: the order of the writers' records ([`Order`]).
+    pub order: Order,
     /// Bytes a writer buffers before it writes them out as a run (ARC's threshold).
     pub threshold: usize,
     /// Keep only the first `top` records of the output order.
@@ -158,6 +186,7 @@ impl Options {
             writers,
             rank,
             sorted: false,
+            order: Order::Rank,
             threshold: 16 << 20,
             top: None,
             fixed: None,
@@ -186,6 +215,14 @@ impl Options {
                 self.timeout,
                 watch::HEARTBEAT
             ));
+        }
+        if self.order == Order::Arrival
+            && (self.sorted || self.top.is_some() || self.fixed.is_some())
+        {
+            return bad(
+                "arrival order is for records without keys, and keeps them all: not with sorted, top or fixed-size records"
+                    .into(),
+            );
         }
         if let Some(f) = &self.fixed {
             if self.sorted || self.top.is_some() {
@@ -217,7 +254,7 @@ pub struct Outcome {
     pub coordinators: Vec<u32>,
     /// This writer's coordinator index, if it was one.
     pub coordinator: Option<usize>,
-    /// Runs this writer wrote.
+    /// Runs this writer wrote (in arrival order: buffers it wrote into the output).
     pub runs: u32,
     /// From the start of finalisation until every writer's marker was there.
     pub waited: Duration,

@@ -21,6 +21,17 @@ pub struct Marker {
     /// Record bytes.
     pub bytes: u64,
     pub runs: Vec<RunSummary>,
+    /// In arrival order: where its buffers went in the output.
+    #[serde(default)]
+    pub parts: Vec<Part>,
+}
+
+/// A buffer written at its reservation in the output (arrival order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Part {
+    pub offset: u64,
+    pub bytes: u64,
+    pub records: u64,
 }
 
 /// The options every writer of one output must give alike.
@@ -28,6 +39,8 @@ pub struct Marker {
 pub struct Agreed {
     pub writers: u32,
     pub sorted: bool,
+    #[serde(default)]
+    pub order: crate::Order,
     pub top: Option<u64>,
     #[serde(default)]
     pub fixed: Option<crate::Fixed>,
@@ -168,6 +181,7 @@ mod tests {
             agreed: Agreed {
                 writers: 4,
                 sorted: true,
+                order: crate::Order::Rank,
                 top: Some(5),
                 fixed: None,
                 strategy: Strategy::MostRr,
@@ -179,6 +193,11 @@ mod tests {
             records: 2000,
             bytes: 18_000,
             runs: vec![run],
+            parts: vec![Part {
+                offset: 7,
+                bytes: 8,
+                records: 9,
+            }],
         };
         let json = serde_json::to_string(&m).unwrap();
         assert!(

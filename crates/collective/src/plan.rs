@@ -139,6 +139,7 @@ mod tests {
                 agreed: Agreed {
                     writers: writers as u32,
                     sorted: true,
+                    order: crate::Order::Rank,
                     top: None,
                     fixed: None,
                     strategy: Strategy::Least,
@@ -154,6 +155,7 @@ mod tests {
                     .filter(|r| r.id.rank == rank)
                     .map(|r| RunSummary::of(r.id.run, &r.index))
                     .collect(),
+                parts: Vec::new(),
             })
             .collect()
     }

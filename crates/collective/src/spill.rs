@@ -1,14 +1,15 @@
 //! A writer's records of any size: buffered, and spilled as runs (sorted by key when the
 //! output is sorted) in the background each time the buffer holds `threshold` bytes. Without
 //! keys the writer writes its own part of the output at finalisation: its runs copied and its
-//! buffer written straight at its offset, no merge.
+//! buffer written straight at its offset, no merge. In arrival order there are no runs: each
+//! buffer goes into the output at once, at a reservation of its bytes at the output's end.
 
 use crate::coordinate::{budget, merge_into, open_run, write_output, Output, Source, Writes};
 use crate::dir::{run_name, Dir};
 use crate::inflight::InFlight;
-use crate::marker::RunSummary;
+use crate::marker::{Part, RunSummary};
 use crate::run::RunEncoder;
-use crate::{Error, Options, Result};
+use crate::{Error, Options, Order, Result};
 use tessera_client::{Client, OpenOptions};
 
 /// Bytes of a run encoded at a time and written.
@@ -59,6 +60,35 @@ impl Buffer {
     }
 }
 
+/// Where a buffer went.
+enum Spilled {
+    Run(RunSummary),
+    Part(Part),
+}
+
+/// Writes `buf`'s records (without keys, its bytes are its records) into the output at a
+/// reservation of as many bytes at its end; gives the buffer back.
+async fn write_arrived(client: Client, output: Vec<u8>, buf: Buffer) -> Result<(Spilled, Buffer)> {
+    let bytes = buf.data.len() as u64;
+    let mut f = client.open(&output, &write_output()).await?;
+    let written: Result<u64> = async {
+        let offset = f.reserve(bytes).await?;
+        f.write_at(offset, &buf.data).await?;
+        Ok(offset)
+    }
+    .await;
+    let closed = f.close().await;
+    let offset = written?;
+    closed?;
+    let records = buf.entries.len() as u64;
+    let part = Part {
+        offset,
+        bytes,
+        records,
+    };
+    Ok((Spilled::Part(part), buf))
+}
+
 /// Writes `buf` as run `k` of `rank`: sorted (stably, by key) unless unsorted, then encoded
 /// and written a chunk at a time; gives the buffer back.
 async fn write_run(
@@ -67,7 +97,7 @@ async fn write_run(
     buf: Buffer,
     sorted: bool,
     run: u32,
-) -> Result<(RunSummary, Buffer)> {
+) -> Result<(Spilled, Buffer)> {
     let (buf, order) = tokio::task::spawn_blocking(move || {
         let mut order: Vec<(u64, usize)> = buf
             .entries
@@ -105,7 +135,7 @@ async fn write_run(
     let closed = f.close().await;
     let index = written?;
     closed?;
-    Ok((RunSummary::of(run, &index), buf))
+    Ok((Spilled::Run(RunSummary::of(run, &index)), buf))
 }
 
 /// The records of one writer: its buffer and its runs.
@@ -114,11 +144,14 @@ pub(crate) struct Spiller {
     dir: Dir,
     rank: u32,
     sorted: bool,
+    arrival: bool,
     threshold: usize,
     buf: Buffer,
     pub runs: Vec<RunSummary>,
-    /// The run being written in the background; it gives its buffer back.
-    inflight: InFlight<(RunSummary, Buffer)>,
+    /// In arrival order: the buffers written into the output.
+    pub parts: Vec<Part>,
+    /// The run (or part) being written in the background; it gives its buffer back.
+    inflight: InFlight<(Spilled, Buffer)>,
     /// The buffer of the last run written, for the next.
     spare: Option<Buffer>,
     /// Runs issued (written or in flight).
@@ -132,9 +165,11 @@ impl Spiller {
             dir: dir.clone(),
             rank: opts.rank,
             sorted: opts.sorted,
+            arrival: opts.order == Order::Arrival,
             threshold: opts.threshold,
             buf: Buffer::default(),
             runs: Vec::new(),
+            parts: Vec::new(),
             inflight: InFlight::new("writing a run"),
             spare: None,
             issued: 0,
@@ -171,7 +206,8 @@ impl Spiller {
         Ok(self.buf.cost() >= self.threshold)
     }
 
-    /// Starts writing the buffer as a run in the background, once the run before is written.
+    /// Starts writing the buffer as a run (or into the output, in arrival order) in the
+    /// background, once the one before is written.
     pub async fn flush(&mut self) -> Result<()> {
         if self.buf.entries.is_empty() {
             return Ok(());
@@ -179,6 +215,12 @@ impl Spiller {
         self.wait().await?;
         let next = self.spare.take().unwrap_or_default();
         let buf = std::mem::replace(&mut self.buf, next);
+        if self.arrival {
+            let output = self.dir.child("output");
+            let client = self.client.clone();
+            self.inflight.start(write_arrived(client, output, buf));
+            return Ok(());
+        }
         let run = self.issued;
         self.issued += 1;
         let path = self.dir.child(&run_name(self.rank, run));
@@ -189,8 +231,11 @@ impl Spiller {
 
     /// Waits until every run issued is written.
     pub async fn wait(&mut self) -> Result<()> {
-        if let Some((run, mut buf)) = self.inflight.wait().await? {
-            self.runs.push(run);
+        if let Some((spilled, mut buf)) = self.inflight.wait().await? {
+            match spilled {
+                Spilled::Run(r) => self.runs.push(r),
+                Spilled::Part(p) => self.parts.push(p),
+            }
             buf.clear();
             self.spare = Some(buf);
         }
@@ -206,12 +251,16 @@ impl Spiller {
         self.inflight.stop();
     }
 
-    /// Records and record bytes, in runs and buffered.
+    /// Records and record bytes, in runs, in the output and buffered.
     pub fn totals(&self) -> (u64, u64) {
-        let runs = self.runs.iter();
-        let records = runs.clone().map(|r| r.records).sum::<u64>() + self.buf.entries.len() as u64;
-        let bytes = runs.map(|r| r.bytes).sum::<u64>() + self.record_bytes(self.buf.entries.len());
-        (records, bytes)
+        let stored = self.runs.iter().map(|r| (r.records, r.bytes));
+        let stored = stored.chain(self.parts.iter().map(|p| (p.records, p.bytes)));
+        let buffered = self.buf.entries.len();
+        let (records, bytes) = stored.fold((0, 0), |(n, b), (rn, rb)| (n + rn, b + rb));
+        (
+            records + buffered as u64,
+            bytes + self.record_bytes(buffered),
+        )
     }
 
     /// Record bytes of the first `n` buffered records (without keys: the buffer's bytes up to

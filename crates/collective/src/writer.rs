@@ -4,13 +4,15 @@
 use crate::choose::{choose, Candidate};
 use crate::coordinate::coordinate;
 use crate::dir::Dir;
-use crate::finish::{fail, failure, install, leave, leave_finished, remove_runs, wait_until};
+use crate::finish::{
+    check_parts, fail, failure, install, leave, leave_finished, remove_runs, wait_until,
+};
 use crate::fixed::{check_share, Placer};
 use crate::marker::{Agreed, CoordinatorDone, Finished, Marker};
 use crate::plan::cuts;
 use crate::spill::Spiller;
 use crate::watch::{Watch, HEARTBEAT};
-use crate::{Error, Options, Outcome, Result};
+use crate::{Error, Options, Order, Outcome, Result};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use std::time::{Duration, Instant};
 use tessera_client::{Client, ErrorCode, FileKind, SetAttr, Timespec};
@@ -281,15 +283,17 @@ impl Collective {
     /// marker.
     async fn store(&mut self) -> Result<Marker> {
         let rank = self.opts.rank;
-        let (records, bytes, runs) = match &mut self.records {
+        let arrival = self.opts.order == Order::Arrival;
+        let (records, bytes, runs, parts) = match &mut self.records {
             Records::Any(s) => {
-                // Without keys the buffer goes straight into the output at the end.
-                if self.opts.sorted {
+                // Without keys, in rank order, the buffer goes straight into the output at
+                // the end.
+                if self.opts.sorted || arrival {
                     s.flush().await?;
                 }
                 s.wait().await?;
                 let (records, bytes) = s.totals();
-                (records, bytes, s.runs.clone())
+                (records, bytes, s.runs.clone(), s.parts.clone())
             }
             Records::Fixed(p) => {
                 if let Some(why) = &p.failed {
@@ -300,7 +304,8 @@ impl Collective {
                 self.dir
                     .put(&self.client, rank, &name, &p.key_set())
                     .await?;
-                (p.records, p.records * p.fixed.record_size, Vec::new())
+                let bytes = p.records * p.fixed.record_size;
+                (p.records, bytes, Vec::new(), Vec::new())
             }
         };
         Ok(Marker {
@@ -312,6 +317,7 @@ impl Collective {
             records,
             bytes,
             runs,
+            parts,
         })
     }
 
@@ -403,6 +409,9 @@ impl Collective {
                 .collect();
             let per_node = self.opts.coordinators_per_node;
             choose(&candidates, self.opts.strategy, per_node)
+        } else if self.opts.order == Order::Arrival {
+            // Every writer's records are in the output already.
+            Vec::new()
         } else {
             // Every writer writes (or checks) its own part.
             (0..writers).collect()
@@ -421,7 +430,9 @@ impl Collective {
         let n = coordinators.len();
         let (client, dir) = (&self.client, &self.dir);
         let gone = || Error::Failed(format!("{} was removed", dir.show_dir()));
-        let size = if me == Some(0) {
+        // Coordinator 0 installs the output; writer 0 if there are no coordinators.
+        let installer = coordinators.first().copied().unwrap_or(0);
+        let size = if rank == installer {
             // All parts in: the output goes in place.
             wait_until(client, dir, who, &mut watch, |l| {
                 let missing: Vec<u32> = (0..n)
@@ -432,6 +443,9 @@ impl Collective {
             })
             .await?
             .ok_or_else(gone)?;
+            if self.opts.order == Order::Arrival {
+                check_parts(client, dir, &markers).await?;
+            }
             let done = Finished {
                 size: self.opts.fixed.as_ref().map_or(0, crate::Fixed::size),
                 records,
@@ -440,13 +454,12 @@ impl Collective {
             };
             install(client, dir, rank, done).await?
         } else {
-            let finisher = coordinators.first().copied();
             wait_until(client, dir, who, &mut watch, |l| {
                 let mut missing: Vec<u32> = (0..n)
                     .filter(|i| !l.coordinators_done.contains(i))
                     .map(|i| coordinators[i])
                     .collect();
-                missing.extend(finisher);
+                missing.push(installer);
                 (l.finished, missing)
             })
             .await?
@@ -455,7 +468,7 @@ impl Collective {
         };
         leave_finished(client, dir, rank, writers).await;
         let runs = match &self.records {
-            Records::Any(s) => s.runs.len() as u32,
+            Records::Any(s) => (s.runs.len() + s.parts.len()) as u32,
             Records::Fixed(_) => 0,
         };
         Ok(Outcome {
@@ -475,6 +488,7 @@ impl Collective {
         Agreed {
             writers: self.opts.writers,
             sorted: self.opts.sorted,
+            order: self.opts.order,
             top: self.opts.top,
             fixed: self.opts.fixed.clone(),
             strategy: self.opts.strategy,

@@ -3,8 +3,10 @@
 
 use anyhow::{ensure, Result};
 use std::time::Duration;
-use tessera_client::{Client, ClientOptions};
-use tessera_collective::{wait_output, Collective, Error, Fixed, Options, Outcome, Strategy};
+use tessera_client::{Client, ClientOptions, OpenOptions};
+use tessera_collective::{
+    wait_output, Collective, Error, Fixed, Options, Order, Outcome, Strategy,
+};
 use tessera_testkit::{Cluster, ClusterSpec};
 
 const MIB: usize = 1 << 20;
@@ -350,6 +352,15 @@ async fn mirrors_hold_the_output_after_a_server_is_killed_at_finalisation() -> R
     Ok(())
 }
 
+/// Four writers' records of different sizes and counts, one writer with none.
+fn uneven_writers() -> Vec<Vec<(Vec<u8>, Vec<u8>)>> {
+    [3000, 700, 0, 1500]
+        .iter()
+        .enumerate()
+        .map(|(r, &n)| records(r as u32, n, 90 + 7 * r, 1 << 20))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unsorted_output_is_each_writers_records_at_its_offset() -> Result<()> {
     let cluster = small_cluster()?;
@@ -357,11 +368,7 @@ async fn unsorted_output_is_each_writers_records_at_its_offset() -> Result<()> {
     // Writer 0 spills many runs, writer 1 none (all buffered), writer 2 nothing at all,
     // writer 3 a run and a buffer: every writer's part goes in at its offset, rank after
     // rank.
-    let all: Vec<_> = [3000, 700, 0, 1500]
-        .iter()
-        .enumerate()
-        .map(|(r, &n)| records(r as u32, n, 90 + 7 * r, 1 << 20))
-        .collect();
+    let all = uneven_writers();
     let total: usize = all.iter().map(Vec::len).sum();
     for top in [
         None,
@@ -409,6 +416,137 @@ async fn unsorted_output_is_each_writers_records_at_its_offset() -> Result<()> {
         ensure!(
             c.read(&path).await? == reference(&all, false, top),
             "top {top:?}: not the writers' records rank after rank"
+        );
+    }
+    Ok(())
+}
+
+/// Runs writers of `path` in arrival order (`thresholds` one each) as tasks; before they
+/// finalise, `before` runs (all have appended). Their outcomes.
+async fn arrive(
+    c: &Client,
+    path: &str,
+    all: &[Vec<(Vec<u8>, Vec<u8>)>],
+    thresholds: &[usize],
+    before: impl std::future::Future<Output = Result<()>>,
+) -> Result<Vec<Result<Outcome, Error>>> {
+    let n = all.len() as u32;
+    let mut writers = Vec::new();
+    for (rank, recs) in all.iter().enumerate() {
+        let opts = Options {
+            order: Order::Arrival,
+            threshold: thresholds[rank],
+            ..Options::new(n, rank as u32)
+        };
+        let mut w = Collective::join(c, path, opts).await?;
+        for (_, r) in recs {
+            w.append(r, None).await?;
+        }
+        w.wait().await?;
+        writers.push(w);
+    }
+    before.await?;
+    let tasks: Vec<_> = writers
+        .into_iter()
+        .map(|mut w| tokio::spawn(async move { w.finalise().await }))
+        .collect();
+    let mut outs = Vec::new();
+    for t in tasks {
+        outs.push(t.await?);
+    }
+    Ok(outs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn arrival_order_writes_every_buffer_once_and_keeps_each_writers_order() -> Result<()> {
+    let cluster = small_cluster()?;
+    let c = client(&cluster).await?;
+    // Writer 0 writes many buffers, writer 1 one at finalisation, writer 2 nothing.
+    let all = uneven_writers();
+    let thresholds = [50_000, 1 << 30, 1000, 20_000];
+    let outs = arrive(&c, "/arrived", &all, &thresholds, async { Ok(()) }).await?;
+    let total: usize = all.iter().map(Vec::len).sum();
+    for (rank, out) in outs.into_iter().enumerate() {
+        let out = out?;
+        ensure!(
+            out.records == total as u64 && out.coordinators.is_empty(),
+            "{out:?}"
+        );
+        ensure!(out.coordinator.is_none() && out.merge.is_none(), "{out:?}");
+        ensure!(out.runs >= [6, 1, 0, 6][rank], "{out:?}");
+    }
+    let got = c.read("/arrived").await?;
+    let mut lines: Vec<&[u8]> = got.split_inclusive(|&b| b == b'\n').collect();
+    for (rank, recs) in all.iter().enumerate() {
+        let tag = format!("w{rank} #");
+        let mine: Vec<&[u8]> = lines
+            .iter()
+            .copied()
+            .filter(|l| l.starts_with(tag.as_bytes()))
+            .collect();
+        let want: Vec<&[u8]> = recs.iter().map(|(_, r)| &r[..]).collect();
+        ensure!(
+            mine == want,
+            "writer {rank}'s records are not all there, in its order"
+        );
+    }
+    lines.sort_unstable();
+    let mut want: Vec<&[u8]> = all.iter().flatten().map(|(_, r)| &r[..]).collect();
+    want.sort_unstable();
+    ensure!(lines == want, "records that no writer gave");
+    ensure!(
+        c.read_dir("/").await?.len() == 1,
+        "a working directory is left"
+    );
+
+    // A reservation nobody writes (as a reservation sent twice would leave): refused.
+    let intruder = async {
+        let mut f = c
+            .open(
+                "/.tessera-collective.gap/output",
+                &OpenOptions {
+                    write: true,
+                    ..OpenOptions::default()
+                },
+            )
+            .await?;
+        f.reserve(1000).await?;
+        f.close().await?;
+        Ok(())
+    };
+    let outs = arrive(&c, "/gap", &all, &thresholds, intruder).await?;
+    for out in outs {
+        let err = out
+            .expect_err("an output with a stretch nobody wrote")
+            .to_string();
+        ensure!(err.contains("reserved but no writer wrote them"), "{err}");
+    }
+    ensure!(c.stat("/gap").await.is_err(), "the output was installed");
+
+    for (what, opts) in [
+        (
+            "top",
+            Options {
+                top: Some(3),
+                ..Options::new(2, 0)
+            },
+        ),
+        (
+            "sorted",
+            Options {
+                sorted: true,
+                ..Options::new(2, 0)
+            },
+        ),
+    ] {
+        let opts = Options {
+            order: Order::Arrival,
+            ..opts
+        };
+        let err = Collective::join(&c, "/refused", opts).await.err();
+        ensure!(
+            matches!(err, Some(Error::Invalid(_))),
+            "arrival order with {what}: {err:?}"
         );
     }
     Ok(())

@@ -192,6 +192,11 @@ mod tests {
                 ],
             },
             Op::InodeCreate { inode: inode() },
+            Op::InodeReserve {
+                ino: 9,
+                len: 1 << 40,
+                mtime: t,
+            },
             Op::InodeSetAttr {
                 ino: 9,
                 attr: SetAttr {

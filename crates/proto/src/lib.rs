@@ -54,7 +54,7 @@ pub use scatter::{check_pieces, Piece, SCATTER_PIECES_MAX};
 /// `InodeRetract`, `DropFiles` without sizes, `RenameLock`; 13: opens held under client
 /// leases, their holders in `SyncItem::Inode` and `DirCreate`, `LeaseRenew`, `InodeRevoke`,
 /// `InodeScan`, `InodeReclaim`, `ClusterConfig::open_lease_ms`; 14: `NodeStats::pooled`; 15:
-/// `WriteScatter`).
-pub const PROTOCOL_VERSION: u16 = 15;
+/// `WriteScatter`; 16: `InodeReserve`).
+pub const PROTOCOL_VERSION: u16 = 16;
 /// First bytes of every connection.
 pub const MAGIC: [u8; 4] = *b"TSRA";

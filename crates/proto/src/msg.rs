@@ -309,6 +309,10 @@ pub enum Op {
         size: u64,
         mtime: Timespec,
     },
+    /// Add `len` to the size and set mtime/ctime, atomically: the bytes `[size - len, size)`
+    /// of the answer are the caller's to write, no other reservation's (many clients
+    /// appending to one file). Reply: `Inode`.
+    InodeReserve { ino: Ino, len: u64, mtime: Timespec },
     /// Undo a writer's extend whose last bytes were not stored: if the size is still `from`
     /// (nobody extended the file since), it becomes `to`. Reply: `Inode`.
     InodeRetract { ino: Ino, from: u64, to: u64 },
@@ -462,6 +466,7 @@ impl Op {
             Op::InodeGet { ino }
             | Op::InodeSetAttr { ino, .. }
             | Op::InodeExtend { ino, .. }
+            | Op::InodeReserve { ino, .. }
             | Op::InodeRetract { ino, .. }
             | Op::InodeLink { ino, .. }
             | Op::InodeOpen { ino, .. }

@@ -702,6 +702,7 @@ impl PyClient {
         path, writers, rank, sorted = false, threshold = 16 << 20, top = None,
         strategy = "least-loaded", coordinators_per_node = 1, memory = 64 << 20,
         timeout = 10.0, join_timeout = 300.0, record_size = None, key_range = None,
+        order = "rank",
     ))]
     #[allow(clippy::too_many_arguments)]
     fn collective(
@@ -720,10 +721,12 @@ impl PyClient {
         join_timeout: f64,
         record_size: Option<u64>,
         key_range: Option<(u64, u64)>,
+        order: &str,
     ) -> PyResult<PyCollective> {
         let p = norm(path);
         let opts = tessera_collective::Options {
             sorted,
+            order: order.parse().map_err(PyValueError::new_err)?,
             threshold,
             top,
             fixed: fixed(record_size, key_range)?,

@@ -59,7 +59,11 @@ pub fn check(op: &Op, p: PartitionId, partitions: u32) -> Result<(), ErrorCode> 
                 Some(_) => Ok(()),
             }
         }
-        Op::InodeExtend { ino, .. } | Op::InodeRetract { ino, .. } if !placed(*ino) => {
+        Op::InodeExtend { ino, .. }
+        | Op::InodeReserve { ino, .. }
+        | Op::InodeRetract { ino, .. }
+            if !placed(*ino) =>
+        {
             Err(ErrorCode::IsDir)
         }
         _ => Ok(()),

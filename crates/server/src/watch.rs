@@ -153,6 +153,7 @@ pub fn broken(op: &Op, resp: &Response) -> Vec<Broken> {
         (
             Op::InodeSetAttr { ino, .. }
             | Op::InodeExtend { ino, .. }
+            | Op::InodeReserve { ino, .. }
             | Op::InodeRetract { ino, .. }
             | Op::InodeLink { ino, .. }
             | Op::InodeReclaim { ino, .. },
@@ -216,11 +217,14 @@ pub fn recalls(op: &Op) -> Option<Ino> {
 
 /// Must the connection that made this change be told of it too? An extent published at a
 /// close may leave a size other than the writer's (N-to-1: the largest extent wins) and sets
-/// the time, and one taken back leaves a size shorter than its kernel was told; every other
-/// change is one its kernel applied itself.
+/// the time, a reservation's size counts others' too, and one taken back leaves a size shorter
+/// than its kernel was told; every other change is one its kernel applied itself.
 #[must_use]
 pub fn origin_told(op: &Op) -> bool {
-    matches!(op, Op::InodeExtend { .. } | Op::InodeRetract { .. })
+    matches!(
+        op,
+        Op::InodeExtend { .. } | Op::InodeReserve { .. } | Op::InodeRetract { .. }
+    )
 }
 
 /// One partition's promises, locked: hold it across applying a request and keeping or

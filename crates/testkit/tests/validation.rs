@@ -606,9 +606,14 @@ impl Model {
                 };
                 Op::InodeSetAttr { ino, attr }
             }
-            13 => Op::InodeExtend {
+            13 if self.rng.gen::<bool>() => Op::InodeExtend {
                 ino: self.any_ino(),
                 size: self.rng.gen_range(0..1 << 30),
+                mtime,
+            },
+            13 => Op::InodeReserve {
+                ino: self.any_ino(),
+                len: self.rng.gen_range(0..1 << 30),
                 mtime,
             },
             14 => {

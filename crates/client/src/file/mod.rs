@@ -437,6 +437,22 @@ impl File {
         }
     }
 
+    /// Takes the `len` bytes after the file's end as the servers know it, atomically: no
+    /// other reservation, from this client or any other, gets any of them. Returns where they
+    /// begin; write them with [`File::write_at`]. Until they are written they read as zeros.
+    /// This handle's own writes are published first, so that its size is the servers'.
+    pub async fn reserve(&mut self, len: u64) -> Result<u64> {
+        self.check(true)?;
+        self.flush_untraced().await?;
+        let op = Op::InodeReserve {
+            ino: self.ino,
+            len,
+            mtime: Timespec::now(),
+        };
+        self.apply_size(op).await?;
+        Ok(self.size - len)
+    }
+
     /// Cuts or extends the file to `size`.
     pub async fn set_len(&mut self, size: u64) -> Result<()> {
         let begun = self.begin();

@@ -53,6 +53,7 @@ impl NodeHandler {
             Op::InodeGet { ino } => s.inode_get(p, ino).map(inode),
             Op::InodeSetAttr { ino, attr } => s.inode_setattr(p, ino, &attr).map(inode),
             Op::InodeExtend { ino, size, mtime } => s.inode_extend(p, ino, size, mtime).map(inode),
+            Op::InodeReserve { ino, len, mtime } => s.inode_reserve(p, ino, len, mtime).map(inode),
             Op::InodeRetract { ino, from, to } => s.inode_retract(p, ino, from, to).map(inode),
             Op::InodeLink { ino, delta, ctime } => s
                 .inode_link(p, ino, delta, ctime)

@@ -81,6 +81,7 @@ fn is_meta_change(op: &Op) -> bool {
         Op::InodeCreate { .. }
             | Op::InodeSetAttr { .. }
             | Op::InodeExtend { .. }
+            | Op::InodeReserve { .. }
             | Op::InodeRetract { .. }
             | Op::InodeLink { .. }
             | Op::InodeOpen { .. }

@@ -6,6 +6,9 @@ use std::sync::atomic::Ordering;
 use tessera_placement::{Ino, PartitionId};
 use tessera_proto::{ErrorCode, FileKind, Inode, SetAttr, Timespec, SCAN_PAGE_MAX};
 
+/// The largest size a reservation may make: what `off_t` holds.
+const MAX_SIZE: u64 = i64::MAX as u64;
+
 impl Store {
     pub(super) fn meta_op(&self) {
         self.counters.meta_ops.fetch_add(1, Ordering::Relaxed);
@@ -72,6 +75,27 @@ impl Store {
         self.with_inode(p, ino, |i| {
             Self::resizable(i)?;
             i.size = i.size.max(size);
+            i.mtime = i.mtime.max(mtime);
+            i.ctime = i.ctime.max(mtime);
+            i.change += 1;
+            Ok(i.clone())
+        })?
+    }
+
+    /// Adds `len` to the size (the caller's bytes are the last `len` of the answer's size).
+    pub fn inode_reserve(&self, p: PartitionId, ino: Ino, len: u64, mtime: Timespec) -> R<Inode> {
+        self.with_inode(p, ino, |i| {
+            Self::resizable(i)?;
+            i.size = i
+                .size
+                .checked_add(len)
+                .filter(|&s| s <= MAX_SIZE)
+                .ok_or_else(|| {
+                    ErrorCode::Invalid(format!(
+                        "reserving {len} bytes after {} makes a file larger than one can be",
+                        i.size
+                    ))
+                })?;
             i.mtime = i.mtime.max(mtime);
             i.ctime = i.ctime.max(mtime);
             i.change += 1;

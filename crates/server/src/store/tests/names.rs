@@ -72,6 +72,38 @@ fn links_and_open_handles_decide_when_an_inode_goes() {
 }
 
 #[test]
+fn reservations_hand_out_the_bytes_after_the_size_one_after_another() {
+    let s = store(1 << 20);
+    s.inode_create(0, inode(8, FileKind::File)).unwrap();
+    s.inode_extend(0, 8, 10, t(1)).unwrap();
+    let ends: Vec<u64> = [5, 0, 7]
+        .iter()
+        .map(|&len| s.inode_reserve(0, 8, len, t(2)).unwrap().size)
+        .collect();
+    assert_eq!(
+        ends,
+        [15, 15, 22],
+        "each after the size the one before left"
+    );
+    let i = s.inode_get(0, 8).unwrap();
+    assert_eq!((i.size, i.mtime), (22, t(2)));
+    assert!(
+        matches!(
+            s.inode_reserve(0, 8, u64::MAX - 3, t(3)),
+            Err(ErrorCode::Invalid(_))
+        ),
+        "past what a file can hold"
+    );
+    assert_eq!(
+        s.inode_get(0, 8).unwrap().size,
+        22,
+        "a refused one changes nothing"
+    );
+    s.inode_create(0, inode(9, FileKind::Dir)).unwrap();
+    assert_eq!(s.inode_reserve(0, 9, 1, t(4)), Err(ErrorCode::IsDir));
+}
+
+#[test]
 fn a_rename_over_a_placed_file_drops_its_link_and_sets_times_in_one_step() {
     let s = store(1 << 20);
     s.inode_create(0, inode(10, FileKind::Dir)).unwrap();
