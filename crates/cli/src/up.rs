@@ -317,6 +317,19 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
         margs.extend(args.elastic.to_args());
     }
 
+    // A cluster already there would answer this one's clients, refusing its secret: say so
+    // before anything starts.
+    for (addr, what, flag) in [
+        (&manager, "manager", "--manager"),
+        (&http, "status", "--http"),
+    ] {
+        if let Err(e) = std::net::TcpListener::bind(config::addr(addr, what)?) {
+            bail!(
+                "the {what} address {addr} is taken ({e}): is a cluster (`tessera up`) running \
+                 there already? Stop it (Ctrl-C where it runs), or give {flag} another address"
+            );
+        }
+    }
     let mut children = Children::new(&secret);
     children.start("manager".into(), Role::Manager, margs)?;
     for i in 0..servers {

@@ -166,6 +166,14 @@ fn configuration_mistakes_are_reported() {
         &["up", "--memory", "64MiB", "--prefault", "65MiB"],
         "more than the server's --memory",
     );
+    // A second cluster on the first one's address.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    fails(
+        home,
+        &["up", "--memory", "64MiB", "--manager", &addr],
+        "is a cluster (`tessera up`) running",
+    );
 }
 
 #[test]

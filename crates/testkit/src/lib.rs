@@ -367,6 +367,11 @@ impl Cluster {
         std::fs::create_dir_all(dir)?;
         let before = std::fs::metadata(dir)?.dev();
         let mut cmd = quiet(self.command(host, &bin("tessera")?));
+        // Its log beside the directory, for a test to show when the mount misbehaves.
+        let log = dir.with_extension("mount.log");
+        if std::env::var_os("TESSERA_TEST_LOGS").is_none() {
+            cmd.stderr(std::fs::File::create(&log)?);
+        }
         cmd.args(["mount", &dir.to_string_lossy()])
             .args(args)
             .env("TESSERA_MANAGER", self.manager.to_string())
@@ -388,6 +393,7 @@ impl Cluster {
             child,
             dir: dir.to_path_buf(),
             connection,
+            log,
         })
     }
 
@@ -437,9 +443,17 @@ pub struct Mount {
     pub dir: PathBuf,
     /// Its FUSE connection (`/sys/fs/fuse/connections/N`).
     connection: u32,
+    /// Where its standard error goes (unless `TESSERA_TEST_LOGS` is set).
+    log: PathBuf,
 }
 
 impl Mount {
+    /// What the mount process has written to its standard error so far.
+    #[must_use]
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     /// Sends `signal` to the mount's process (SIGINT is Ctrl-C), unless it has ended.
     pub fn signal(&mut self, signal: i32) {
         if self.ended().map_or(true, |s| s.is_none()) {

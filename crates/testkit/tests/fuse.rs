@@ -259,9 +259,11 @@ fn stopping_a_mount_with_a_file_open_serves_the_file_until_it_is_closed() -> Res
     f.read_to_end(&mut back)?;
     assert!(back == data, "read back through the detached mount");
     drop(f);
+    let ended = m.wait_end(within)?;
     assert!(
-        m.wait_end(within)?.success(),
-        "ends once the file is closed"
+        ended.success(),
+        "ends once the file is closed: {ended}; its log:\n{}",
+        m.log()
     );
 
     let mut m = cluster.mount(&dir, &[])?;
