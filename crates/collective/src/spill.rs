@@ -10,6 +10,7 @@ use crate::inflight::InFlight;
 use crate::marker::{Part, RunSummary};
 use crate::run::RunEncoder;
 use crate::{Error, Options, Order, Result};
+use bytes::BytesMut;
 use tessera_client::{Client, OpenOptions};
 
 /// Bytes of a run encoded at a time and written.
@@ -29,7 +30,9 @@ struct Entry {
 
 #[derive(Default)]
 struct Buffer {
-    data: Vec<u8>,
+    /// Keys and records; in arrival order handed to the client as they are (and taken back,
+    /// the same memory, once written).
+    data: BytesMut,
     entries: Vec<Entry>,
 }
 
@@ -67,13 +70,19 @@ enum Spilled {
 }
 
 /// Writes `buf`'s records (without keys, its bytes are its records) into the output at a
-/// reservation of as many bytes at its end; gives the buffer back.
-async fn write_arrived(client: Client, output: Vec<u8>, buf: Buffer) -> Result<(Spilled, Buffer)> {
+/// reservation of as many bytes at its end, without copying them; gives the buffer back (its
+/// memory the next fill reuses, once the writes let go of it).
+async fn write_arrived(
+    client: Client,
+    output: Vec<u8>,
+    mut buf: Buffer,
+) -> Result<(Spilled, Buffer)> {
     let bytes = buf.data.len() as u64;
+    let data = buf.data.split().freeze();
     let mut f = client.open(&output, &write_output()).await?;
     let written: Result<u64> = async {
         let offset = f.reserve(bytes).await?;
-        f.write_at(offset, &buf.data).await?;
+        f.write_bytes(offset, data).await?;
         Ok(offset)
     }
     .await;

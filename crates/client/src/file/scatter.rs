@@ -138,7 +138,7 @@ impl File {
             [one] => At::Offset(one.offset),
             _ => At::Pieces(pieces),
         };
-        self.queue(stripe, at, data.freeze()).await?;
+        self.queue(stripe, at, data.freeze(), true).await?;
         self.unreported()
     }
 }

@@ -23,6 +23,9 @@ pub(super) struct Inflight {
     stripe: u64,
     at: At,
     data: Bytes,
+    /// The bytes are a buffer of the client's pool, to go back there once stored; not so for
+    /// a caller's own ([`File::write_bytes`]).
+    pooled: bool,
     /// Replicas still to acknowledge, primary first.
     acks: Vec<Ack>,
 }
@@ -125,7 +128,9 @@ impl File {
                 self.lost.stored(range);
             }
         }
-        self.client.router.pool().recycle(w.data);
+        if w.pooled {
+            self.client.router.pool().recycle(w.data);
+        }
     }
 
     /// Writes `data` at `offset` (at the end of the file if opened for append). The bytes may
@@ -138,16 +143,39 @@ impl File {
         out
     }
 
-    async fn write_at_untraced(&mut self, offset: u64, data: &[u8]) -> Result<usize> {
+    /// Checks a write of `len` bytes at `offset`; where it ends, `None` if it is empty.
+    fn start_write(&mut self, offset: u64, len: usize) -> Result<Option<u64>> {
         self.check(true)?;
-        let offset = if self.append { self.size } else { offset };
         let end = offset
-            .checked_add(data.len() as u64)
+            .checked_add(len as u64)
             .ok_or_else(|| Error::Invalid("write past the largest file offset".into()))?;
-        if data.is_empty() {
-            return Ok(0);
+        if len == 0 {
+            return Ok(None);
         }
         self.drop_read_ahead();
+        Ok(Some(end))
+    }
+
+    /// A write up to `end` queued: the size and the extent to publish grow.
+    async fn end_write(&mut self, end: u64) -> Result<()> {
+        self.size = self.size.max(end);
+        self.extent = Some(self.extent.map_or(end, |e| e.max(end)));
+        self.mtime = Some(Timespec::now());
+        if self.lost.first().is_some() {
+            // Once a write was lost, each waits until it is stored and reports its own
+            // failure, as NFS does: a failure reported once can be swallowed on the way (the
+            // kernel answers a write(2) whose second request failed with a short count), and
+            // the caller then writes the rest.
+            self.drain().await?;
+        }
+        Ok(())
+    }
+
+    async fn write_at_untraced(&mut self, offset: u64, data: &[u8]) -> Result<usize> {
+        let offset = if self.append { self.size } else { offset };
+        let Some(end) = self.start_write(offset, data.len())? else {
+            return Ok(0);
+        };
         for seg in segments(offset, data.len(), self.stripe as u32) {
             let piece = &data[seg.buf_offset..seg.buf_offset + seg.len as usize];
             let at = offset + seg.buf_offset as u64;
@@ -167,16 +195,34 @@ impl File {
                 self.send().await?;
             }
         }
-        self.size = self.size.max(end);
-        self.extent = Some(self.extent.map_or(end, |e| e.max(end)));
-        self.mtime = Some(Timespec::now());
-        if self.lost.first().is_some() {
-            // Once a write was lost, each waits until it is stored and reports its own
-            // failure, as NFS does: a failure reported once can be swallowed on the way (the
-            // kernel answers a write(2) whose second request failed with a short count), and
-            // the caller then writes the rest.
-            self.drain().await?;
+        self.end_write(end).await?;
+        Ok(data.len())
+    }
+
+    /// `write_at` of bytes the caller gives up: each stripe's part goes out as a slice of
+    /// `data`, not copied into a buffer of the pool (a large buffer written once). Whatever
+    /// this handle gathered before goes out first.
+    pub async fn write_bytes(&mut self, offset: u64, data: Bytes) -> Result<usize> {
+        let begun = self.begin();
+        let len = data.len() as u64;
+        let at = if self.append { self.size } else { offset };
+        let out = self.write_bytes_untraced(at, data).await;
+        self.end(begun, TraceOp::Write, (at, len), &out);
+        out
+    }
+
+    async fn write_bytes_untraced(&mut self, offset: u64, data: Bytes) -> Result<usize> {
+        let Some(end) = self.start_write(offset, data.len())? else {
+            return Ok(0);
+        };
+        self.send().await?;
+        for seg in segments(offset, data.len(), self.stripe as u32) {
+            let piece = data.slice(seg.buf_offset..seg.buf_offset + seg.len as usize);
+            self.queue(seg.stripe, At::Offset(seg.offset), piece, false)
+                .await?;
+            self.unreported()?;
         }
+        self.end_write(end).await?;
         Ok(data.len())
     }
 
@@ -214,12 +260,20 @@ impl File {
             return Ok(());
         };
         let at = At::Offset((start % self.stripe) as u32);
-        self.queue(start / self.stripe, at, buf.freeze()).await
+        self.queue(start / self.stripe, at, buf.freeze(), true)
+            .await
     }
 
     /// Queues a write of `data` to stripe `stripe` to every replica, once the window has
-    /// room; fails at once only if the stripe's partition is lost.
-    pub(super) async fn queue(&mut self, stripe: u64, at: At, data: Bytes) -> Result<()> {
+    /// room; fails at once only if the stripe's partition is lost. `pooled`: `data` is a
+    /// buffer of the pool.
+    pub(super) async fn queue(
+        &mut self,
+        stripe: u64,
+        at: At,
+        data: Bytes,
+        pooled: bool,
+    ) -> Result<()> {
         while self.inflight.len() >= self.client.opts.write_window.max(1) {
             self.complete_oldest().await;
         }
@@ -228,6 +282,7 @@ impl File {
             stripe,
             at,
             data,
+            pooled,
             acks: Vec::new(),
         };
         let router = &self.client.router;
