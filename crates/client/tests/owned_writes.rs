@@ -3,7 +3,7 @@
 //! storage servers and a scripted manager.
 
 use bytes::Bytes;
-use tessera_client::{Client, ClientOptions, OpenOptions};
+use tessera_client::OpenOptions;
 use tessera_proto::ClusterConfig;
 
 mod support;
@@ -14,13 +14,7 @@ const CONFIG: ClusterConfig = ClusterConfig::new(32, STRIPE as u32, 1);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_buffer_written_as_it_is_lands_in_order_and_comes_back() {
-    let (manager, maddr, _servers) = support::start(CONFIG, SECRET, 3).await;
-    let table = manager.publish_assigned(1);
-    manager.fetched_by(3).await;
-    support::create_root(&table, SECRET).await;
-    let c = Client::connect(ClientOptions::new(maddr, SECRET))
-        .await
-        .unwrap();
+    let (_manager, _servers, c) = support::ready(CONFIG, SECRET, 3).await;
     let len = 3 * STRIPE as usize + STRIPE as usize / 2;
     let body: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4093) as u8).collect();
     let data = Bytes::from(body.clone());

@@ -37,6 +37,26 @@ pub async fn start(
     (manager, maddr, running)
 }
 
+/// [`start`], a table with every partition assigned (epoch 1) that every server has, the
+/// root directory, and a client.
+pub async fn ready(
+    config: ClusterConfig,
+    secret: &str,
+    servers: u8,
+) -> (
+    Arc<FakeManager>,
+    Vec<tessera_server::RunningServer>,
+    tessera_client::Client,
+) {
+    let (manager, maddr, running) = start(config, secret, servers).await;
+    let table = manager.publish_assigned(1);
+    manager.fetched_by(u32::from(servers)).await;
+    create_root(&table, secret).await;
+    let opts = tessera_client::ClientOptions::new(maddr, secret);
+    let client = tessera_client::Client::connect(opts).await.unwrap();
+    (manager, running, client)
+}
+
 pub fn rpc(secret: &str) -> RpcConfig {
     RpcConfig::new(Secret::new(secret), Arc::new(BufferPool::new(1 << 20, 8)))
 }
