@@ -520,11 +520,13 @@ impl Run<'_> {
                 }
                 me.buf.resize(n, 0xa5);
             }
-            if k == 0 {
+            // A part's last request waits until every process of the phase has made its first,
+            // so that their runs overlap in time as in the original, however late a thread
+            // starts (the profiler joins runs of one shape that overlap into one phase). A part
+            // of one request counts itself first: it waits for the others' starts too.
+            if k == 0 && count == 1 {
                 self.started(part.task);
             }
-            // Counted as started first: a part of one request waits for the others' starts,
-            // its own among them.
             if k + 1 == count {
                 self.all_started(part.task)?;
             }
@@ -534,6 +536,9 @@ impl Run<'_> {
                 DataOp::Write => file.write_at(&me.buf[..n], offset),
             };
             let end = self.now();
+            if k == 0 && count > 1 {
+                self.started(part.task);
+            }
             let got = done.map_err(|e| stop(what, e))? as u64;
             span.op(start, end, got);
             self.record(
