@@ -96,12 +96,16 @@ pub(crate) async fn check_parts(client: &Client, dir: &Dir, markers: &[Marker]) 
         Err(e) if e.is(&ErrorCode::NotFound) && parts.is_empty() => 0,
         Err(e) => return Err(e.into()),
     };
-    let mut end = 0;
+    let mut end = 0u64;
     for (p, rank) in &parts {
         if p.offset != end {
             return Err(Error::Failed(gap(end, p.offset, Some(*rank))));
         }
-        end += p.bytes;
+        end = end.checked_add(p.bytes).ok_or_else(|| {
+            Error::Corrupt(format!(
+                "writer {rank}'s marker: a part past the largest size"
+            ))
+        })?;
     }
     if size != end {
         return Err(Error::Failed(gap(end, size, None)));

@@ -176,6 +176,9 @@ fn dev_loop(fd: i32, stop: &AtomicBool) {
             }
             return;
         }
+        if (n as usize) < IN_HEADER {
+            continue;
+        }
         let req = parse_in(&buf);
         let args = &buf[IN_HEADER..n as usize];
         out.clear();
