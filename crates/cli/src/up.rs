@@ -323,11 +323,13 @@ pub async fn run(cli: &Cli, args: &UpArgs, cfg: &FileConfig) -> Result<()> {
         (&manager, "manager", "--manager"),
         (&http, "status", "--http"),
     ] {
-        if let Err(e) = std::net::TcpListener::bind(config::addr(addr, what)?) {
-            bail!(
-                "the {what} address {addr} is taken ({e}): is a cluster (`tessera up`) running \
-                 there already? Stop it (Ctrl-C where it runs), or give {flag} another address"
-            );
+        match std::net::TcpListener::bind(config::addr(addr, what)?) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => bail!(
+                "the {what} address {addr} is taken: is a cluster (`tessera up`) running there \
+                 already? Stop it (Ctrl-C where it runs), or give {flag} another address"
+            ),
+            Err(e) => bail!("cannot listen on the {what} address {addr} ({flag}): {e}"),
         }
     }
     let mut children = Children::new(&secret);

@@ -439,7 +439,8 @@ impl File {
 
     /// Takes the `len` bytes after the file's end as the servers know it, atomically: no
     /// other reservation, from this client or any other, gets any of them. Returns where they
-    /// begin; write them with [`File::write_at`]. Until they are written they read as zeros.
+    /// begin; write them with [`File::write_at`] or [`File::write_bytes`]. Until they are
+    /// written they read as zeros.
     /// This handle's own writes are published first, so that its size is the servers'.
     pub async fn reserve(&mut self, len: u64) -> Result<u64> {
         self.check(true)?;
@@ -450,7 +451,12 @@ impl File {
             mtime: Timespec::now(),
         };
         self.apply_size(op).await?;
-        Ok(self.size - len)
+        self.size.checked_sub(len).ok_or_else(|| {
+            Error::Unavailable(format!(
+                "a reservation of {len} bytes answered with a size of {}",
+                self.size
+            ))
+        })
     }
 
     /// Cuts or extends the file to `size`.
