@@ -4,7 +4,8 @@
 # replay of its trace, timed by the mount, on two configurations. Needs root, FUSE, fio, bwa, samtools
 # (installed here when missing).
 # Usage: scripts/bench-model.sh [SCALE]   (default 1: about 100 MB per program; OUT=FILE keeps
-# the JSON; THINK=burn|sleep replays with the model's time between requests)
+# the JSON; THINK=burn|sleep replays with the time between requests; PROGS, ROUNDS: see
+# bench_model.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for tool in bwa samtools; do

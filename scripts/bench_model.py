@@ -7,9 +7,12 @@ three rounds, from cold caches (sync, drop_caches): the original runs traced (it
 removed first); the model of the first configuration's first original is replayed
 (`tessera replay --drop-caches --mount-trace --check`: inputs prepared untraced, the mount
 tracing only the phases); and the round's original trace is replayed by fio (`tessera trace
-export --format fio`, `fio --read_iolog`, no stalls), traced by the mount. The three are compared
+export --format fio`, `fio --read_iolog`), traced by the mount. The three are compared
 by the I/O time of their phases' operations (the durations the mount measured, summed): medians
-of the three rounds. Then a second configuration (other server count and stripe size) does the
+of the three rounds (ROUNDS=N for another count; PROGS=sort,tar for some programs). With
+THINK=burn|sleep both replays keep the original's time between requests: the model replay its
+think time, fio the trace's timestamps (without, fio replays with no stalls). Then a second
+configuration (other server count and stripe size) does the
 same with the first configuration's model, to see whether the replay predicts the change.
 
 Prints one JSON object (and writes it to OUT if set).
@@ -37,7 +40,12 @@ CONFIGS = {
     "A": ["--servers", "4", "--memory", "1GiB"],
     "B": ["--servers", "2", "--memory", "2GiB", "--stripe-size", "4MiB"],
 }
-ROUNDS = 3
+# `burn` or `sleep`: replays keep the time between requests (tessera replay --think-time; fio
+# keeps the trace's timestamps).
+THINK = os.environ.get("THINK", "")
+# Only these programs (comma-separated), and this many rounds.
+PROGS = [p for p in os.environ.get("PROGS", "").split(",") if p]
+ROUNDS = int(os.environ.get("ROUNDS", "3"))
 
 
 def run(cmd: List[str], **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -160,19 +168,17 @@ class Cluster:
 
 
 def fio_replay(c: Cluster, original: Path, name: str) -> Dict[str, Any]:
-    """The original trace replayed by fio (every request as the mount saw it, no stalls),
+    """The original trace replayed by fio (every request as the mount saw it),
     traced by the mount: its model's I/O time and shape."""
     log = original.with_suffix(f".{name}.iolog")
     run([c.bin, "trace", "export", str(original), "--format", "fio", "-o", str(log)])
     fio = ["fio", "--name=replay", f"--read_iolog={log}", "--ioengine=psync",
-           "--replay_no_stall=1", "--output-format=json"]
+           "--output-format=json"] + ([] if THINK else ["--replay_no_stall=1"])
     trace, wall = c.traced(fio, name)
     model = c.profile(trace)
     return {"wall_s": wall, "io_s": phases_io_s(model), "shape": shape(model)}
 
 
-# `burn` or `sleep`: replays keep the model's time between requests (tessera replay --think-time).
-THINK = os.environ.get("THINK", "")
 
 
 def model_replay(c: Cluster, model: Path, original: Path, rdir: Path, name: str
@@ -211,6 +217,8 @@ def main() -> None:
         c = Cluster(bin_, cname, cargs)
         try:
             for prog, cmd in PROGRAMS.items():
+                if PROGS and prog not in PROGS:
+                    continue
                 d = c.mnt / prog
                 d.mkdir()
                 (d / "tmp").mkdir()

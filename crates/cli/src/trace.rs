@@ -2,7 +2,7 @@
 
 use crate::up::human;
 use anyhow::{bail, Context, Result};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -517,49 +517,66 @@ fn chrome(t: &Trace, from: Option<f64>, out: &mut impl Write) -> Result<()> {
 
 /// fio iolog v3: `timestamp file action [offset length]`, timestamps in microseconds from the
 /// first operation. Each file is added and opened at its first operation and closed after
-/// its last (a program with many files keeps few open at once); only reads, writes and fsyncs
-/// that succeeded are kept, each read or write with the bytes it really moved (a read that
-/// met the end of its file moved fewer than it asked for, and fio replaying the request as
-/// asked would stop there).
+/// its last (a program with many files keeps few open at once), and closed and opened again
+/// where the trace opened it again in between (an open is where a mount's kernel drops the
+/// file's cached pages, so the requests after it reach the file system as they did). Only
+/// reads, writes and fsyncs that succeeded are kept, each read or write with the bytes it
+/// really moved (a read that met the end of its file moved fewer than it asked for, and fio
+/// replaying the request as asked would stop there).
 fn fio(t: &Trace, root: Option<&Path>, out: &mut impl Write) -> Result<()> {
     let root = match root {
         Some(r) => r.to_path_buf(),
         None => PathBuf::from(t.header.source.strip_prefix("fuse ").unwrap_or("/")),
     };
-    // fio reads names up to the first blank.
-    let kept: Vec<(&Record, &str)> = t
-        .records
-        .iter()
-        .filter(|r| match r.op {
+    // Each kept operation, its path, and whether the file was opened again before it.
+    let mut kept: Vec<(&Record, &str, bool)> = Vec::new();
+    let mut used: HashSet<&str> = HashSet::new();
+    let mut reopened: HashSet<&str> = HashSet::new();
+    let mut skipped = 0usize;
+    for r in &t.records {
+        let op_kept = match r.op {
             Op::Read | Op::Write => r.result > 0,
             Op::Fsync => r.result >= 0,
-            _ => false,
-        })
-        .filter_map(|r| {
-            let path = r.path.as_deref();
-            path.filter(|p| !p.contains(char::is_whitespace))
-                .map(|p| (r, p))
-        })
-        .collect();
-    let skipped = t
-        .records
-        .iter()
-        .filter(|r| matches!(r.op, Op::Read | Op::Write | Op::Fsync) && r.result >= 0)
-        .count()
-        .saturating_sub(kept.len());
-    let base = kept.first().map_or(0, |(r, _)| r.start_ns);
+            Op::Open | Op::Create => {
+                if let Some(p) = r.path.as_deref().filter(|p| used.contains(p)) {
+                    if r.result >= 0 {
+                        reopened.insert(p);
+                    }
+                }
+                continue;
+            }
+            _ => continue,
+        };
+        // fio reads names up to the first blank.
+        match r
+            .path
+            .as_deref()
+            .filter(|p| !p.contains(char::is_whitespace))
+        {
+            Some(p) if op_kept => {
+                let again = reopened.remove(p);
+                used.insert(p);
+                kept.push((r, p, again));
+            }
+            None if r.result >= 0 => skipped += 1,
+            _ => {}
+        }
+    }
+    let base = kept.first().map_or(0, |(r, _, _)| r.start_ns);
     let mut last: HashMap<&str, usize> = HashMap::new();
-    for (i, (_, path)) in kept.iter().enumerate() {
+    for (i, (_, path, _)) in kept.iter().enumerate() {
         last.insert(path, i);
     }
-    let mut opened: HashMap<&str, ()> = HashMap::new();
+    let mut opened: HashSet<&str> = HashSet::new();
     writeln!(out, "fio version 3 iolog")?;
-    for (i, (r, path)) in kept.iter().enumerate() {
+    for (i, (r, path, again)) in kept.iter().enumerate() {
         let file = root.join(path.trim_start_matches('/'));
         let file = file.display();
         let ts = (r.start_ns - base) / 1000;
-        if opened.insert(path, ()).is_none() {
+        if opened.insert(path) {
             writeln!(out, "{ts} {file} add\n{ts} {file} open")?;
+        } else if *again {
+            writeln!(out, "{ts} {file} close\n{ts} {file} open")?;
         }
         match r.op {
             Op::Read => writeln!(out, "{ts} {file} read {} {}", r.offset, r.result)?,
@@ -589,7 +606,8 @@ mod tests {
     }
 
     /// A read that met the end of its file is exported with the bytes it moved, and one that
-    /// moved none is left out: fio replays the whole log (as asked, it stops at the first).
+    /// moved none is left out: fio replays the whole log (as asked, it stops at the first). A
+    /// file the trace opened again between its requests is closed and opened again.
     #[test]
     fn the_fio_export_replays_whole_through_short_reads() {
         let d = tempfile::tempdir().expect("a directory");
@@ -617,6 +635,7 @@ mod tests {
             records: vec![
                 rec(Op::Read, 0, 65536, 8192, 1000),
                 rec(Op::Read, 8192, 65536, 0, 2000),
+                rec(Op::Open, 0, 0, 0, 2500),
                 rec(Op::Read, 4096, 4096, 4096, 3000),
                 rec(Op::Read, 0, 4096, -5, 4000),
                 rec(Op::Fsync, 0, 0, 0, 5000),
@@ -640,6 +659,13 @@ mod tests {
                 format!("0 {} read 0 8192", file.display()),
                 format!("2 {} read 4096 4096", file.display())
             ],
+            "{log}"
+        );
+        // Opened again in the trace between its reads: so in the log.
+        let file = file.display();
+        assert!(
+            log.contains(&format!("2 {file} read 4096 4096"))
+                && log.contains(&format!("2 {file} close\n2 {file} open\n2 {file} read")),
             "{log}"
         );
         let path = d.path().join("log");

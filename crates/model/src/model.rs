@@ -214,12 +214,29 @@ pub struct Phase {
     pub displacement: Option<i64>,
     /// The median time from one request's start to the next one's (dist).
     pub distance_ns: u64,
+    /// The time its processes spent outside I/O between two of their requests in it (their
+    /// compute): how many gaps took about how long, in powers of two. A replay keeps these,
+    /// not `distance_ns`: a request's own time changes with the configuration, its
+    /// application's compute does not, and how long a server sat idle changes its next
+    /// answer.
+    #[serde(default)]
+    pub think: Vec<ThinkBin>,
+    /// The mean time a process spent outside I/O before its first request in the phase.
+    #[serde(default)]
+    pub lead_ns: u64,
     /// The lowest offset and the highest end of its requests: where random ones fall.
     pub offset_min: u64,
     pub offset_max: u64,
     pub start_ns: u64,
     pub end_ns: u64,
     pub io_time_ns: u64,
+}
+
+/// Gaps between requests of about one length: `count` of them, `mean_ns` long on average.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThinkBin {
+    pub count: u64,
+    pub mean_ns: u64,
 }
 
 /// One process's part in a phase.

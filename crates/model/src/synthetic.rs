@@ -50,6 +50,8 @@ pub fn phase(
         }],
         displacement,
         distance_ns: 0,
+        think: Vec::new(),
+        lead_ns: 0,
         offset_min,
         offset_max,
         start_ns: slot * SLOT_NS,

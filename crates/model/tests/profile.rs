@@ -110,7 +110,50 @@ fn one_file_per_process_written_sequentially() {
         );
         assert_eq!(p.processes[0].initial_offset, 0);
         assert_eq!(p.distance_ns, 4 * MS);
+        // Each 0.1 ms request 4 ms after the one before: 3.9 ms outside I/O, 15 times; before
+        // the first, the time since the create ended.
+        let pid = u64::from(p.processes[0].pid);
+        assert_eq!(
+            p.think,
+            [ThinkBin {
+                count: 15,
+                mean_ns: 3_900_000
+            }]
+        );
+        assert_eq!(p.lead_ns, pid * MS - 100_000);
     }
+}
+
+#[test]
+fn think_time_keeps_its_spread_and_total() {
+    // One writer computing 1 ms, 1 ms, 20 ms between its requests, over and over; a second
+    // process's requests in between are not the first one's compute.
+    let mut t = Vec::new();
+    let mut at = 0;
+    for k in 0..30u64 {
+        t.push(rec(Op::Write, 1, 7, "f", k << 12, 1 << 12, at));
+        t.push(rec(Op::Read, 2, 8, "g", k << 12, 1 << 12, at + 200_000));
+        at += 100_000 + if k % 3 == 2 { 20 * MS } else { MS };
+    }
+    let m = profile(&t);
+    let p = (m.phases.iter())
+        .find(|p| p.op == DataOp::Write)
+        .expect("the write phase");
+    assert_eq!(p.ops, 30);
+    assert_eq!(
+        p.think,
+        [
+            ThinkBin {
+                count: 20,
+                mean_ns: MS
+            },
+            ThinkBin {
+                count: 9,
+                mean_ns: 20 * MS
+            }
+        ]
+    );
+    assert_eq!(p.lead_ns, 0);
 }
 
 #[test]

@@ -6,6 +6,7 @@
 
 mod plan;
 mod run;
+mod think;
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;

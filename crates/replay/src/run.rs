@@ -2,6 +2,7 @@
 //! parts of the phases, each part once the phases it waits for are done.
 
 use crate::plan::{MetaOp, Part, Plan, Proc, Requests, Task};
+use crate::think::{Gaps, Pace};
 use crate::{Error, Measure, Options, PhaseKind, PhaseResult, Report, Think};
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -62,13 +63,14 @@ impl Prepared<'_> {
     pub fn run(&self, opts: &Options) -> Result<Report, Error> {
         let (model, plan, dir) = (self.model, &self.plan, self.dir.as_path());
         if opts.think.is_some() {
-            // A distance comes from the model file: one longer than the whole traced run is not
-            // a program's, and waiting it would hang the replay.
+            // A wait comes from the model file: one longer than the whole traced run is not a
+            // program's, and waiting it would hang the replay.
             let wall = model.application.wall_ns;
-            if let Some(p) = model.phases.iter().find(|p| p.distance_ns > wall) {
+            if let Some(p) = model.phases.iter().find(|p| Gaps::longest_ns(p) > wall) {
                 return Err(Error::Model(format!(
                     "phase {}: {} ns between requests, longer than the application's {wall} ns",
-                    p.id, p.distance_ns
+                    p.id,
+                    Gaps::longest_ns(p)
                 )));
             }
         }
@@ -488,8 +490,9 @@ impl Run<'_> {
             DataOp::Read => ("reading", Op::Read),
             DataOp::Write => ("writing", Op::Write),
         };
-        let pause = Duration::from_nanos(phase.distance_ns);
-        let mut last_start: Option<Instant> = None;
+        let mut gaps = Gaps::new(phase, part.slot);
+        let mut pace = Pace::new(phase);
+        let mut returned: Option<Instant> = None;
         let requests = Requests::new(phase, part.slot, self.seed);
         let count = requests.len();
         for (k, (offset, size)) in requests.enumerate() {
@@ -497,10 +500,15 @@ impl Run<'_> {
                 return Err(Stopped);
             }
             if let Some(think) = self.think {
-                if let Some(t) = last_start {
-                    spend(think, t + pause);
-                }
-                last_start = Some(Instant::now());
+                // Counted from the last request's return: the replay's own work between
+                // requests is part of the wait.
+                let want = gaps.next_ns();
+                let from = returned.unwrap_or_else(Instant::now);
+                spend(think, from + Duration::from_nanos(pace.wait_ns(want)));
+                pace.waited(
+                    want,
+                    u64::try_from(from.elapsed().as_nanos()).unwrap_or(u64::MAX),
+                );
             }
             let n = usize::try_from(size).map_err(|_| {
                 self.fail(Error::Model(format!(
@@ -536,6 +544,10 @@ impl Run<'_> {
                 DataOp::Write => file.write_at(&me.buf[..n], offset),
             };
             let end = self.now();
+            if self.think.is_some() {
+                returned = Some(Instant::now());
+                pace.request(end.saturating_sub(start));
+            }
             if k == 0 && count > 1 {
                 self.started(part.task);
             }

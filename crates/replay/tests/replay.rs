@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use tessera_model::{compare, synthetic, Limits, Model, Profiler, Source};
+use tessera_model::{compare, synthetic, Limits, Model, Profiler, Source, ThinkBin};
 use tessera_replay::{replay, Error, Options, PhaseKind, Report, Think};
 use tessera_trace::{Item, Mode, Op, Reader, Record};
 
@@ -217,7 +217,7 @@ fn a_replay_reports_as_json() {
 }
 
 #[test]
-fn think_time_keeps_the_distance_between_requests() {
+fn think_time_keeps_the_time_between_requests() {
     // One process, 6 requests 20 ms apart: at least 100 ms from the first start to the last,
     // spent on a core or asleep.
     let mut m = synthetic::file_per_process(1, 6, 10);
@@ -238,15 +238,37 @@ fn think_time_keeps_the_distance_between_requests() {
             report.total.wall_ns
         );
     }
-    // A distance longer than the whole application is refused, not waited.
-    m.phases[0].distance_ns = u64::MAX;
+    // A profiler's bins of think time are kept instead: 5 gaps of 20 ms whatever the
+    // distance.
+    m.phases[0].distance_ns = 0;
+    m.phases[0].think = vec![ThinkBin {
+        count: 5,
+        mean_ns: 20_000_000,
+    }];
     let dir = tempfile::tempdir().expect("a directory");
     let opts = Options {
-        think: Some(Think::Sleep),
+        think: Some(Think::Burn),
         ..Options::default()
     };
-    let e = replay(&m, dir.path(), &opts).expect_err("a distance of 584 years");
-    assert!(matches!(e, Error::Model(_)), "{e}");
+    let report = replay(&m, dir.path(), &opts).expect("the replay");
+    assert!(
+        report.total.wall_ns >= 100_000_000,
+        "{} ns",
+        report.total.wall_ns
+    );
+    // A wait longer than the whole application is refused, not waited.
+    for (distance, bin, lead) in [(u64::MAX, 0, 0), (0, u64::MAX, 0), (0, 0, u64::MAX)] {
+        m.phases[0].distance_ns = distance;
+        m.phases[0].think[0].mean_ns = bin;
+        m.phases[0].lead_ns = lead;
+        let dir = tempfile::tempdir().expect("a directory");
+        let opts = Options {
+            think: Some(Think::Sleep),
+            ..Options::default()
+        };
+        let e = replay(&m, dir.path(), &opts).expect_err("a wait of 584 years");
+        assert!(matches!(e, Error::Model(_)), "{e}");
+    }
 }
 
 #[test]

@@ -302,6 +302,9 @@ impl Profiler {
         }
         proc.ops += 1;
         proc.io_time_ns += dur;
+        // The process's time outside I/O before this request: records come by start, so none
+        // of its earlier requests ends later unseen.
+        let idle = r.start_ns.saturating_sub(proc.last_ns);
         proc.last_ns = proc.last_ns.max(r.end_ns);
         if r.result < 0 {
             self.app.errors += 1;
@@ -355,7 +358,7 @@ impl Profiler {
             f.size = f.size.max(r.offset.saturating_add(bytes));
         }
         self.timeline.take(r, file, op, bytes, &self.limits);
-        self.request(file, op, r, bytes);
+        self.request(file, op, r, bytes, idle);
     }
 
     fn file(&mut self, ino: u64, path: Option<&Arc<str>>) -> u32 {
@@ -390,19 +393,19 @@ impl Profiler {
     }
 
     /// A read or write of `bytes` at the record's offset: extends its stream's run or ends it.
-    fn request(&mut self, file: u32, op: DataOp, r: &Record, bytes: u64) {
+    fn request(&mut self, file: u32, op: DataOp, r: &Record, bytes: u64, idle: u64) {
         let key = (file, r.pid, op);
         let stream = self.streams.entry(key).or_default();
         if let Some(run) = stream.open.as_mut() {
             if run.extends(r) {
-                run.add(r, bytes, self.limits.sizes);
+                run.add(r, bytes, self.limits.sizes, idle);
                 return;
             }
         }
         if let Some(done) = stream.open.take() {
             self.close_run(key, done);
         }
-        let run = Run::new(r, op, bytes);
+        let run = Run::new(r, op, bytes, idle);
         if let Some(s) = self.streams.get_mut(&key) {
             s.open = Some(run);
         }

@@ -1,7 +1,7 @@
 //! From the runs kept per file to phases: runs of one shape on a file at the same time, one
 //! per process, joined; and the file models.
 
-use super::run::{by_count, count_size, Run};
+use super::run::{by_count, count_size, Run, Think};
 use super::FileState;
 use crate::model::*;
 use std::cmp::Reverse;
@@ -99,6 +99,11 @@ pub(super) fn phase(file: u32, mut runs: Vec<Run>) -> Phase {
     by_count(&mut sizes);
     let mut distances: Vec<u64> = runs.iter().map(Run::median_distance).collect();
     distances.sort_unstable();
+    let mut think = Think::default();
+    for r in &runs {
+        think.merge(&r.think);
+    }
+    let leads: u64 = runs.iter().map(|r| r.lead_ns).fold(0, u64::saturating_add);
     Phase {
         id: 0,
         file,
@@ -123,6 +128,8 @@ pub(super) fn phase(file: u32, mut runs: Vec<Run>) -> Phase {
             head.displacement
         },
         distance_ns: distances[distances.len() / 2],
+        think: think.bins(),
+        lead_ns: leads / runs.len() as u64,
         offset_min: runs.iter().map(|r| r.offset_min).min().unwrap_or(0),
         offset_max: runs.iter().map(|r| r.offset_max).max().unwrap_or(0),
         start_ns: runs.iter().map(|r| r.start_ns).min().unwrap_or(0),

@@ -29,10 +29,54 @@ pub(super) struct Run {
     pub(super) io_time_ns: u64,
     pub(super) distances: Vec<u64>,
     pub(super) repetitions: u32,
+    /// The process's time outside I/O before each of its requests but the first.
+    pub(super) think: Think,
+    /// Its time outside I/O before the first.
+    pub(super) lead_ns: u64,
+}
+
+/// Power-of-two bins of idle gaps (bin `b` holds `[2^b, 2^(b+1))` ns; the last, anything
+/// longer): each a count and a sum, so that a replay keeps both the spread and the total.
+const THINK_BINS: usize = 40;
+
+#[derive(Debug, Clone)]
+pub(super) struct Think([(u64, u64); THINK_BINS]);
+
+impl Default for Think {
+    fn default() -> Self {
+        Think([(0, 0); THINK_BINS])
+    }
+}
+
+impl Think {
+    pub(super) fn add(&mut self, ns: u64) {
+        let b = (ns.max(1).ilog2() as usize).min(THINK_BINS - 1);
+        self.0[b].0 += 1;
+        self.0[b].1 = self.0[b].1.saturating_add(ns);
+    }
+
+    pub(super) fn merge(&mut self, other: &Think) {
+        for (a, b) in self.0.iter_mut().zip(&other.0) {
+            a.0 += b.0;
+            a.1 = a.1.saturating_add(b.1);
+        }
+    }
+
+    /// The bins that hold gaps, shortest first.
+    pub(super) fn bins(&self) -> Vec<ThinkBin> {
+        (self.0.iter())
+            .filter(|(count, _)| *count > 0)
+            .map(|&(count, sum)| ThinkBin {
+                count,
+                mean_ns: sum / count,
+            })
+            .collect()
+    }
 }
 
 impl Run {
-    pub(super) fn new(r: &Record, op: DataOp, bytes: u64) -> Self {
+    /// A run from its first request, `idle` ns after the process's request before it ended.
+    pub(super) fn new(r: &Record, op: DataOp, bytes: u64, idle: u64) -> Self {
         Run {
             pid: r.pid,
             op,
@@ -56,6 +100,8 @@ impl Run {
             io_time_ns: r.duration_ns(),
             distances: Vec::new(),
             repetitions: 1,
+            think: Think::default(),
+            lead_ns: idle,
         }
     }
 
@@ -71,7 +117,8 @@ impl Run {
         (self.contiguous && r.offset == self.last_end) || self.displacement == Some(step)
     }
 
-    pub(super) fn add(&mut self, r: &Record, bytes: u64, sizes: usize) {
+    pub(super) fn add(&mut self, r: &Record, bytes: u64, sizes: usize, idle: u64) {
+        self.think.add(idle);
         let step = r.offset as i64 - self.last_offset as i64;
         if self.ops == 1 {
             self.displacement = Some(step);
@@ -123,6 +170,8 @@ impl Run {
                 .push(other.start_ns.saturating_sub(self.last_start_ns));
         }
         self.last_start_ns = other.last_start_ns;
+        self.think.merge(&other.think);
+        self.think.add(other.lead_ns);
         self.offset_min = self.offset_min.min(other.offset_min);
         self.offset_max = self.offset_max.max(other.offset_max);
         self.end_ns = self.end_ns.max(other.end_ns);
@@ -145,6 +194,8 @@ impl Run {
         self.end_ns = self.end_ns.max(next.end_ns);
         self.io_time_ns += next.io_time_ns;
         self.last_start_ns = next.last_start_ns;
+        self.think.merge(&next.think);
+        self.think.add(next.lead_ns);
     }
 
     /// The shape a phase of several processes shares: all but where each starts.

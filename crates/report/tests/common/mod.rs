@@ -184,6 +184,8 @@ pub fn make(shape: Shape) -> Model {
                     Some(rs as i64)
                 },
                 distance_ns: span / per_proc_ops,
+                think: Vec::new(),
+                lead_ns: 0,
                 offset_min: 0,
                 offset_max: ops * rs,
                 start_ns: start,
