@@ -22,7 +22,7 @@ pub use profile::{Limits, Profiler};
 /// What can go wrong with a model file.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("not a Tessera I/O model: {0}")]
+    #[error("not a Tessera I/O model")]
     Parse(#[from] serde_json::Error),
     #[error("model schema {found:?} is not one this version reads ({SCHEMA})")]
     Schema { found: String },
