@@ -26,9 +26,11 @@ pub(crate) enum Name {
     /// Made before timing starts, for operations on names the replay has not made.
     Spare(u64),
     SpareDir(u64),
-    /// An empty directory in the phase's directory that listings list: a profiler files a
-    /// listing under the listed directory's parent.
-    ListDir,
+    /// A directory that listings list: a profiler files a listing under the listed
+    /// directory's parent, so the model's directories in the phase's directory in turn (as a
+    /// tree walk lists them), else an empty one made there (an index in
+    /// [`Plan::list_dirs`]).
+    ListDir(u32),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +101,8 @@ pub(crate) struct Plan {
     /// The data phases' opens (process, file) taken off an opens phase: the replay's trace
     /// shows them as opens.
     pub carried_opens: BTreeSet<(u32, u32)>,
+    /// The directories listings list ([`Name::ListDir`]).
+    pub list_dirs: Vec<PathBuf>,
 }
 
 /// A path of the model as a path under the replay directory: only plain components.
@@ -221,7 +225,7 @@ impl Plan {
                 }
             }
         }
-        let (mut prepare, carried_opens) = names.finish();
+        let (mut prepare, carried_opens, list_dirs) = names.finish();
         for (f, path) in m.files.iter().zip(&file_paths) {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 prepare.dirs.insert(parent.to_path_buf());
@@ -249,6 +253,7 @@ impl Plan {
             file_paths,
             meta_dirs,
             carried_opens,
+            list_dirs,
         })
     }
 
@@ -260,7 +265,7 @@ impl Plan {
             Name::New(m, k) => dir.join(format!("replay-{m}-{k}")),
             Name::Spare(n) => dir.join(format!("replay-spare-{n}")),
             Name::SpareDir(n) => dir.join(format!("replay-spare-dir-{n}")),
-            Name::ListDir => dir.join(LIST_DIR),
+            Name::ListDir(i) => self.list_dirs[i as usize].clone(),
         }
     }
 
@@ -280,6 +285,9 @@ struct Names {
     meta_dirs: Vec<PathBuf>,
     prepare: Prepare,
     carried: BTreeSet<(u32, u32)>,
+    /// Each directory's subdirectories that the model's paths name, in order.
+    subdirs: BTreeMap<PathBuf, Vec<PathBuf>>,
+    list_dirs: Vec<PathBuf>,
 }
 
 #[derive(Default)]
@@ -298,8 +306,10 @@ struct DirState {
     /// Opens of the trace that the data phases make (a process opens each of its files
     /// once: process, file, by first use), still to be taken off the opens phases here.
     carried_opens: VecDeque<(u32, u32)>,
-    /// Its listing directory is prepared.
+    /// Its empty listing directory is prepared.
     listed: bool,
+    /// Listings made here so far.
+    next_list: usize,
 }
 
 const LIST_DIR: &str = "replay-list";
@@ -338,11 +348,25 @@ impl Names {
                 }
             }
         }
+        let mut known: BTreeSet<&Path> = meta_dirs.iter().map(PathBuf::as_path).collect();
+        for path in file_paths {
+            known.extend(path.ancestors().skip(1));
+        }
+        let mut subdirs: BTreeMap<PathBuf, Vec<PathBuf>> = BTreeMap::new();
+        for d in known.into_iter().filter(|d| !d.as_os_str().is_empty()) {
+            let parent = d.parent().unwrap_or(Path::new(""));
+            subdirs
+                .entry(parent.to_path_buf())
+                .or_default()
+                .push(d.to_path_buf());
+        }
         Names {
             dirs,
             meta_dirs: meta_dirs.to_vec(),
             prepare: Prepare::default(),
             carried: BTreeSet::new(),
+            subdirs,
+            list_dirs: Vec::new(),
         }
     }
 
@@ -441,18 +465,35 @@ impl Names {
                     op(name)
                 }
                 MetaKind::List => {
-                    if !std::mem::replace(&mut st.listed, true) {
-                        prepare.spare_dirs.push(dir.join(LIST_DIR));
-                    }
-                    op(Name::ListDir)
+                    let target = match self.subdirs.get(dir).filter(|s| !s.is_empty()) {
+                        Some(subdirs) => {
+                            st.next_list += 1;
+                            subdirs[(st.next_list - 1) % subdirs.len()].clone()
+                        }
+                        None => {
+                            let empty = dir.join(LIST_DIR);
+                            if !std::mem::replace(&mut st.listed, true) {
+                                prepare.spare_dirs.push(empty.clone());
+                            }
+                            empty
+                        }
+                    };
+                    let i = match self.list_dirs.iter().position(|d| *d == target) {
+                        Some(i) => i,
+                        None => {
+                            self.list_dirs.push(target);
+                            self.list_dirs.len() - 1
+                        }
+                    };
+                    op(Name::ListDir(u32::try_from(i).unwrap_or(u32::MAX)))
                 }
             });
         }
         ops
     }
 
-    fn finish(self) -> (Prepare, BTreeSet<(u32, u32)>) {
-        (self.prepare, self.carried)
+    fn finish(self) -> (Prepare, BTreeSet<(u32, u32)>, Vec<PathBuf>) {
+        (self.prepare, self.carried, self.list_dirs)
     }
 }
 
@@ -828,6 +869,39 @@ mod tests {
                 (MetaKind::Open, 4)
             ]
         );
+    }
+
+    #[test]
+    fn listings_list_the_directories_in_the_phases_directory_in_turn() {
+        let m = synthetic::model(
+            ["/t/a/x", "/t/b/y", "/u/z"]
+                .map(|p| synthetic::file(p, false, 100))
+                .into(),
+            Vec::new(),
+            vec![
+                synthetic::meta_phase(MetaKind::List, "/t", &[1], 3, 0),
+                synthetic::meta_phase(MetaKind::List, "/u", &[1], 2, 1),
+            ],
+        );
+        let plan = Plan::new(&m).expect("a plan");
+        let listed: Vec<Vec<PathBuf>> = (plan.tasks.iter())
+            .filter_map(|t| match t {
+                Task::Meta(i, ops) => {
+                    Some(ops.iter().map(|o| plan.name_path(*i, o.name)).collect())
+                }
+                Task::Data(_) => None,
+            })
+            .collect();
+        let p = |s: &str| PathBuf::from(s);
+        assert_eq!(
+            listed,
+            [
+                vec![p("t/a"), p("t/b"), p("t/a")],
+                vec![p("u/replay-list"), p("u/replay-list")]
+            ]
+        );
+        // The one with no directory in it lists an empty one, made before timing.
+        assert_eq!(plan.prepare.spare_dirs, [p("u/replay-list")]);
     }
 
     #[test]

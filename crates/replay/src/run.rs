@@ -5,9 +5,10 @@ use crate::plan::{MetaOp, Part, Plan, Proc, Requests, Task};
 use crate::think::{Gaps, Pace};
 use crate::{Error, Measure, Options, PhaseKind, PhaseResult, Report, Think};
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -341,6 +342,7 @@ impl Run<'_> {
             exe: exe.as_deref().map(str::as_bytes),
             buf: Vec::new(),
             open: HashMap::new(),
+            stated: HashSet::new(),
         };
         for (k, part) in proc.parts.iter().enumerate() {
             if self.wait(part.task).is_err() {
@@ -364,7 +366,7 @@ impl Run<'_> {
                 }
                 Task::Meta(i, ops) => {
                     let ops = Plan::share(ops, part.slot, self.plan.np[part.task]);
-                    self.meta(&me, *i, ops, &mut span)
+                    self.meta(&mut me, *i, ops, &mut span)
                 }
             };
             match done {
@@ -571,7 +573,7 @@ impl Run<'_> {
     }
 
     /// Operations of metadata phase `i`.
-    fn meta(&self, me: &Me, i: usize, ops: &[MetaOp], span: &mut Span) -> Result<(), Stopped> {
+    fn meta(&self, me: &mut Me, i: usize, ops: &[MetaOp], span: &mut Span) -> Result<(), Stopped> {
         let kind = self.model.meta_phases[i].kind;
         for o in ops {
             if self.failed.load(Ordering::Relaxed) {
@@ -581,7 +583,14 @@ impl Run<'_> {
             let to = o.to.map(|t| self.plan.name_path(i, t));
             let path = self.dir.join(&rel);
             let start = self.now();
-            let (op, done) = meta_op(kind, &path, to.as_ref().map(|t| self.dir.join(t)));
+            // A name stated again is asked of the file system, not of the kernel's caches, as
+            // a program's fstat after an open or a stat after a change reaches it.
+            let again = kind == MetaKind::Stat && !me.stated.insert(path.clone());
+            let (op, done) = if again {
+                (Op::Getattr, stat_synced(&path).map(|()| (0, 0)))
+            } else {
+                meta_op(kind, &path, to.as_ref().map(|t| self.dir.join(t)))
+            };
             let end = self.now();
             let mut ino = 0;
             let result = match done {
@@ -638,6 +647,29 @@ struct Me<'a> {
     exe: Option<&'a [u8]>,
     buf: Vec<u8>,
     open: HashMap<u32, (File, u64)>,
+    /// Names this process has stated.
+    stated: HashSet<PathBuf>,
+}
+
+/// `lstat` that the kernel passes on to the file system whatever it has cached.
+fn stat_synced(path: &Path) -> std::io::Result<()> {
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(ErrorKind::InvalidInput))?;
+    let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: a NUL-terminated path and a buffer the size statx fills.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_FORCE_SYNC,
+            libc::STATX_BASIC_STATS,
+            buf.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// One metadata operation on `path`: the trace's operation for it, and its result (entries
