@@ -265,7 +265,9 @@ impl Plan {
             Name::New(m, k) => dir.join(format!("replay-{m}-{k}")),
             Name::Spare(n) => dir.join(format!("replay-spare-{n}")),
             Name::SpareDir(n) => dir.join(format!("replay-spare-dir-{n}")),
-            Name::ListDir(i) => self.list_dirs[i as usize].clone(),
+            Name::ListDir(i) => {
+                (self.list_dirs.get(i as usize).cloned()).unwrap_or_else(|| dir.join(LIST_DIR))
+            }
         }
     }
 
