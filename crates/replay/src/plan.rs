@@ -290,6 +290,8 @@ struct Names {
     /// Each directory's subdirectories that the model's paths name, in order.
     subdirs: BTreeMap<PathBuf, Vec<PathBuf>>,
     list_dirs: Vec<PathBuf>,
+    /// Each listed directory's index in `list_dirs`.
+    listed: HashMap<PathBuf, u32>,
 }
 
 #[derive(Default)]
@@ -369,6 +371,7 @@ impl Names {
             carried: BTreeSet::new(),
             subdirs,
             list_dirs: Vec::new(),
+            listed: HashMap::new(),
         }
     }
 
@@ -480,14 +483,12 @@ impl Names {
                             empty
                         }
                     };
-                    let i = match self.list_dirs.iter().position(|d| *d == target) {
-                        Some(i) => i,
-                        None => {
-                            self.list_dirs.push(target);
-                            self.list_dirs.len() - 1
-                        }
-                    };
-                    op(Name::ListDir(u32::try_from(i).unwrap_or(u32::MAX)))
+                    let next = u32::try_from(self.list_dirs.len()).unwrap_or(u32::MAX);
+                    let i = *self.listed.entry(target.clone()).or_insert(next);
+                    if i == next {
+                        self.list_dirs.push(target);
+                    }
+                    op(Name::ListDir(i))
                 }
             });
         }

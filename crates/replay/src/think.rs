@@ -23,7 +23,8 @@ impl<'a> Gaps<'a> {
     pub(crate) fn new(phase: &'a Phase, slot: usize) -> Self {
         Gaps {
             phase,
-            total: phase.think.iter().map(|b| b.count).sum(),
+            // Counts come from the model file: summed without overflow.
+            total: (phase.think.iter()).fold(0, |n: u64, b| n.saturating_add(b.count)),
             at: (slot as f64 * std::f64::consts::SQRT_2).fract(),
             first: true,
         }
