@@ -5,6 +5,7 @@
 
 use anyhow::{bail, Context, Result};
 use std::ffi::OsString;
+use std::io::Read;
 use std::ops::Range;
 use std::time::Duration;
 use tessera_client::Client;
@@ -12,7 +13,6 @@ use tessera_collective::fields::KeySpec;
 use tessera_collective::{
     wait_output, Collective, Fixed, Options, Order, Outcome, Strategy, MAX_RECORD_SIZE,
 };
-use tokio::io::AsyncReadExt;
 
 #[derive(clap::Args, Debug)]
 pub struct CollectArgs {
@@ -175,57 +175,148 @@ pub async fn run(client: &Client, args: &CollectArgs) -> Result<()> {
     Ok(())
 }
 
-/// Appends every line of standard input (with its newline; one is added to a last line
-/// without) to `w`.
-async fn feed(w: &mut Collective, key: Option<&KeySpec>) -> Result<()> {
-    let mut stdin = tokio::io::stdin();
-    let mut buf: Vec<u8> = Vec::with_capacity(2 * READ);
-    let mut k = Vec::new();
-    loop {
-        buf.reserve(READ);
-        let n = stdin
-            .read_buf(&mut buf)
-            .await
-            .context("reading standard input")?;
-        if n == 0 && !buf.is_empty() && buf.last() != Some(&b'\n') {
-            buf.push(b'\n');
-        }
-        let mut at = 0;
-        while let Some(nl) = memchr::memchr(b'\n', &buf[at..]) {
-            let line = &buf[at..at + nl + 1];
-            let full = match key {
-                Some(spec) => {
-                    k.clear();
-                    spec.key(&line[..nl], &mut k);
-                    w.push(line, Some(&k))?
+/// Standard input in chunks of up to `READ` bytes, read by a thread of its own: the next
+/// chunk is read while this one is taken apart, straight into a buffer given back for reuse
+/// (no copy through the runtime's own buffer).
+struct Input {
+    chunks: tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    spent: std::sync::mpsc::Sender<Vec<u8>>,
+}
+
+impl Input {
+    fn stdin() -> Self {
+        let (tx, chunks) = tokio::sync::mpsc::channel(2);
+        let (spent, back) = std::sync::mpsc::channel::<Vec<u8>>();
+        // A thread, not the runtime's blocking pool: a read that never returns (a terminal)
+        // must not keep the runtime from shutting down.
+        std::thread::spawn(move || {
+            let mut stdin = std::io::stdin().lock();
+            loop {
+                // A buffer given back is zeroed no more: only a new one is, once.
+                let mut buf = back.try_recv().unwrap_or_default();
+                buf.resize(READ, 0);
+                let read = fill(&mut stdin, &mut buf);
+                let last = !matches!(read, Ok(n) if n > 0);
+                if tx
+                    .blocking_send(read.map(|n| {
+                        buf.truncate(n);
+                        buf
+                    }))
+                    .is_err()
+                    || last
+                {
+                    return;
                 }
-                None => w.push(line, None)?,
-            };
-            if full {
-                w.flush().await?;
             }
-            at += nl + 1;
+        });
+        Self { chunks, spent }
+    }
+
+    /// The next chunk; empty at the end of the input.
+    async fn next(&mut self) -> Result<Vec<u8>> {
+        match self.chunks.recv().await {
+            Some(read) => read.context("reading standard input"),
+            None => Ok(Vec::new()),
         }
-        buf.drain(..at);
-        if n == 0 {
-            return Ok(());
+    }
+
+    fn give_back(&self, buf: Vec<u8>) {
+        // The reader may have ended: then the buffer is just dropped.
+        let _ = self.spent.send(buf);
+    }
+}
+
+/// One read into `buf` (a pipe gives what it holds: lines are not kept waiting for more);
+/// bytes read, none at the end of the input.
+fn fill(input: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        match input.read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            read => return read,
         }
     }
 }
 
+/// Appends every line of standard input (with its newline; one is added to a last line
+/// without) to `w`. In arrival order the whole lines of a chunk go in together.
+async fn feed(w: &mut Collective, key: Option<&KeySpec>) -> Result<()> {
+    let together = key.is_none() && w.options().order == Order::Arrival;
+    let mut input = Input::stdin();
+    // A line begun in a chunk before.
+    let mut carry: Vec<u8> = Vec::new();
+    let mut k = Vec::new();
+    loop {
+        let chunk = input.next().await?;
+        if chunk.is_empty() {
+            if !carry.is_empty() {
+                if carry.last() != Some(&b'\n') {
+                    carry.push(b'\n');
+                }
+                push_line(w, key, &carry, &mut k).await?;
+            }
+            return Ok(());
+        }
+        let mut rest = &chunk[..];
+        if !carry.is_empty() {
+            let Some(nl) = memchr::memchr(b'\n', rest) else {
+                carry.extend_from_slice(rest);
+                input.give_back(chunk);
+                continue;
+            };
+            carry.extend_from_slice(&rest[..=nl]);
+            push_line(w, key, &carry, &mut k).await?;
+            carry.clear();
+            rest = &rest[nl + 1..];
+        }
+        let whole = memchr::memrchr(b'\n', rest).map_or(0, |nl| nl + 1);
+        let (lines, tail) = rest.split_at(whole);
+        if together {
+            let count = memchr::memchr_iter(b'\n', lines).count() as u64;
+            if count > 0 && w.push_records(lines, count)? {
+                w.flush().await?;
+            }
+        } else {
+            for line in lines.split_inclusive(|&b| b == b'\n') {
+                push_line(w, key, line, &mut k).await?;
+            }
+        }
+        carry.extend_from_slice(tail);
+        input.give_back(chunk);
+    }
+}
+
+/// Appends one line (with its newline), keyed by `key` if given; flushes a full buffer.
+async fn push_line(
+    w: &mut Collective,
+    key: Option<&KeySpec>,
+    line: &[u8],
+    k: &mut Vec<u8>,
+) -> Result<()> {
+    let full = match key {
+        Some(spec) => {
+            k.clear();
+            spec.key(&line[..line.len() - 1], k);
+            w.push(line, Some(k))?
+        }
+        None => w.push(line, None)?,
+    };
+    if full {
+        w.flush().await?;
+    }
+    Ok(())
+}
+
 /// Places every record of `size` bytes of standard input in `w`, keyed by `key`.
 async fn feed_fixed(w: &mut Collective, key: &KeySpec, size: usize) -> Result<()> {
-    let mut stdin = tokio::io::stdin();
-    let mut buf: Vec<u8> = Vec::with_capacity(READ.max(size) + size);
+    let mut input = Input::stdin();
+    // Bytes of a record begun in a chunk before, then the chunk's.
+    let mut buf: Vec<u8> = Vec::with_capacity(READ + size);
     let mut records = 0u64;
     loop {
-        let start = buf.len();
-        buf.resize(start + READ.max(size), 0);
-        let n = stdin
-            .read(&mut buf[start..])
-            .await
-            .context("reading standard input")?;
-        buf.truncate(start + n);
+        let chunk = input.next().await?;
+        let n = chunk.len();
+        buf.extend_from_slice(&chunk);
+        input.give_back(chunk);
         let mut at = 0;
         while buf.len() - at >= size {
             let record = &buf[at..at + size];

@@ -184,6 +184,59 @@ fn writer_processes_make_the_reference_sort_for_every_strategy() {
     assert!(!listing.contains("tessera-collective"), "{listing}");
 }
 
+/// Lines longer and shorter than a read of standard input, one of them over a whole read,
+/// the last without its newline: each comes out whole, in arrival order (lines taken
+/// together) and sorted (line by line).
+#[test]
+fn lines_across_reads_of_the_input_come_out_whole() {
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    let _up = Up::start(home, &["--servers", "2", "--memory", "256MiB"]);
+    ok(home, &["mkdir", "/out"]);
+    let n = 2000;
+    let lines: Vec<String> = (0..n)
+        .map(|i| {
+            let filler = if i == 700 { 1_500_000 } else { i * 7919 % 3000 };
+            format!("k{:05}\t{}", n - i, "x".repeat(filler))
+        })
+        .collect();
+    let mut input = lines.join("\n").into_bytes();
+    assert!(input.len() > 4 << 20);
+    let whole: Vec<u8> = lines
+        .iter()
+        .flat_map(|l| format!("{l}\n").into_bytes())
+        .collect();
+    let out = writer(
+        home,
+        "/out/arr",
+        1,
+        0,
+        &["--order", "arrival", "--json"],
+        input.clone(),
+    )
+    .wait_with_output()
+    .unwrap();
+    assert_eq!(json(&out)["records"], n, "arrival order");
+    assert!(
+        ok(home, &["cat", "/out/arr"]) == whole,
+        "arrival order: not the lines"
+    );
+    input.push(b'\n');
+    let out = writer(home, "/out/sorted", 1, 0, &["--key", "1", "--json"], input)
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(json(&out)["records"], n, "sorted");
+    let reversed: Vec<u8> = lines
+        .iter()
+        .rev()
+        .flat_map(|l| format!("{l}\n").into_bytes())
+        .collect();
+    assert!(
+        ok(home, &["cat", "/out/sorted"]) == reversed,
+        "sorted: not the lines by key"
+    );
+}
+
 #[test]
 fn top_keeps_the_first_lines_and_the_threshold_sets_the_runs() {
     let home = tempfile::tempdir().unwrap();

@@ -17,6 +17,8 @@ use tessera_client::{Client, OpenOptions};
 const WRITE_CHUNK: usize = 4 << 20;
 /// The most a writer reserves for its buffer ahead of need.
 pub(crate) const MAX_RESERVE: usize = 1 << 30;
+/// Room for records pushed together beyond `threshold`, in arrival order.
+const ARRIVAL_SLACK: usize = 2 << 20;
 /// What an entry of the buffer costs beside its bytes.
 const ENTRY_COST: usize = std::mem::size_of::<Entry>();
 
@@ -33,7 +35,10 @@ struct Buffer {
     /// Keys and records; in arrival order handed to the client as they are (and taken back,
     /// the same memory, once written).
     data: BytesMut,
+    /// One per record, except in arrival order, where nothing needs a record found again.
     entries: Vec<Entry>,
+    /// Records buffered.
+    records: u64,
 }
 
 impl Buffer {
@@ -60,6 +65,7 @@ impl Buffer {
     fn clear(&mut self) {
         self.data.clear();
         self.entries.clear();
+        self.records = 0;
     }
 }
 
@@ -89,7 +95,7 @@ async fn write_arrived(
     let closed = f.close().await;
     let offset = written?;
     closed?;
-    let records = buf.entries.len() as u64;
+    let records = buf.records;
     let part = Part {
         offset,
         bytes,
@@ -198,27 +204,54 @@ impl Spiller {
         let (Ok(klen), Ok(rlen)) = (u32::try_from(key.len()), u32::try_from(record.len())) else {
             return Err(Error::Invalid("a record or key of 4 GiB or more".into()));
         };
-        if self.buf.data.capacity() == 0 {
-            // Room for a whole run at once (reserved, not yet touched): no copies as it grows.
-            let bytes = self.threshold.min(MAX_RESERVE);
-            self.buf.data.reserve(bytes);
-            self.buf.entries.reserve(bytes / 64);
-        }
+        self.make_room();
         let at = self.buf.data.len();
         self.buf.data.extend_from_slice(key);
         self.buf.data.extend_from_slice(record);
-        self.buf.entries.push(Entry {
-            at,
-            key: klen,
-            record: rlen,
-        });
+        if !self.arrival {
+            self.buf.entries.push(Entry {
+                at,
+                key: klen,
+                record: rlen,
+            });
+        }
+        self.buf.records += 1;
         Ok(self.buf.cost() >= self.threshold)
+    }
+
+    /// In arrival order: buffers `count` whole records given as their bytes one after
+    /// another (they go into the output together); true when the buffer holds `threshold`
+    /// bytes.
+    pub fn push_records(&mut self, records: &[u8], count: u64) -> Result<bool> {
+        if !self.arrival {
+            return Err(Error::Invalid(
+                "records are pushed together only in arrival order: push each one".into(),
+            ));
+        }
+        self.make_room();
+        self.buf.data.extend_from_slice(records);
+        self.buf.records += count;
+        Ok(self.buf.cost() >= self.threshold)
+    }
+
+    /// Room for a whole run at once (reserved, not yet touched): no copies as it grows. In
+    /// arrival order also for the records pushed together past `threshold`: a buffer that
+    /// outgrew its memory would go out in a new allocation, to be faulted in afresh each time.
+    fn make_room(&mut self) {
+        if self.buf.data.capacity() == 0 {
+            let bytes = self.threshold.min(MAX_RESERVE);
+            let slack = if self.arrival { ARRIVAL_SLACK } else { 0 };
+            self.buf.data.reserve(bytes + slack);
+            if !self.arrival {
+                self.buf.entries.reserve(bytes / 64);
+            }
+        }
     }
 
     /// Starts writing the buffer as a run (or into the output, in arrival order) in the
     /// background, once the one before is written.
     pub async fn flush(&mut self) -> Result<()> {
-        if self.buf.entries.is_empty() {
+        if self.buf.records == 0 {
             return Ok(());
         }
         self.wait().await?;
@@ -264,11 +297,10 @@ impl Spiller {
     pub fn totals(&self) -> (u64, u64) {
         let stored = self.runs.iter().map(|r| (r.records, r.bytes));
         let stored = stored.chain(self.parts.iter().map(|p| (p.records, p.bytes)));
-        let buffered = self.buf.entries.len();
         let (records, bytes) = stored.fold((0, 0), |(n, b), (rn, rb)| (n + rn, b + rb));
         (
-            records + buffered as u64,
-            bytes + self.record_bytes(buffered),
+            records + self.buf.records,
+            bytes + self.record_bytes(self.buf.entries.len()),
         )
     }
 

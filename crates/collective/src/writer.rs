@@ -152,6 +152,19 @@ impl Collective {
         }
     }
 
+    /// In arrival order: adds `count` whole records, given as their bytes one after another,
+    /// as one (they stay together in the output); as [`Self::push`] for each, without the
+    /// cost per record. True when the buffer holds `threshold` bytes.
+    pub fn push_records(&mut self, records: &[u8], count: u64) -> Result<bool> {
+        self.open()?;
+        match &mut self.records {
+            Records::Any(s) => s.push_records(records, count),
+            Records::Fixed(_) => Err(Error::Invalid(
+                "this collective output holds fixed-size records: put each with its key".into(),
+            )),
+        }
+    }
+
     /// Appends a record; at `threshold` the buffer goes out as a run (ARC's
     /// `ARCWriteAfterSort`).
     pub async fn append(&mut self, record: &[u8], key: Option<&[u8]>) -> Result<()> {

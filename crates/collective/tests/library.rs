@@ -523,6 +523,42 @@ async fn arrival_order_writes_every_buffer_once_and_keeps_each_writers_order() -
     }
     ensure!(c.stat("/gap").await.is_err(), "the output was installed");
 
+    // Records pushed together are counted one by one and stay together; only in arrival
+    // order.
+    let opts = Options {
+        order: Order::Arrival,
+        threshold: 4096,
+        ..Options::new(1, 0)
+    };
+    let mut w = Collective::join(&c, "/together", opts).await?;
+    let mut want = Vec::new();
+    for i in 0..300u32 {
+        let batch: Vec<u8> = (0..i % 7)
+            .flat_map(|j| format!("batch {i} record {j}\n").into_bytes())
+            .collect();
+        if w.push_records(&batch, u64::from(i % 7))? {
+            w.flush().await?;
+        }
+        want.extend_from_slice(&batch);
+    }
+    let out = w.finalise().await?;
+    let records: u64 = (0..300u64).map(|i| i % 7).sum();
+    ensure!(
+        out.records == records && out.size == want.len() as u64,
+        "{out:?}"
+    );
+    ensure!(
+        c.read("/together").await? == want,
+        "records pushed together differ"
+    );
+    let mut w = Collective::join(&c, "/by-rank", Options::new(1, 0)).await?;
+    let err = w.push_records(b"a\nb\n", 2).err();
+    ensure!(
+        matches!(err, Some(Error::Invalid(_))),
+        "rank order: {err:?}"
+    );
+    w.abort("refused").await?;
+
     for (what, opts) in [
         (
             "top",
