@@ -72,7 +72,7 @@ impl Fs {
                 let written = f.write_at(offset, data).await;
                 if !h.sync {
                     // Also after a failure: a write lost cuts the size back.
-                    h.unpublished.store(f.len(), Ordering::Relaxed);
+                    h.unpublished.store(f.len(), Ordering::Release);
                 }
                 let n = written.map_err(|e| errno(&e))?;
                 self.files().wrote(h.ino, offset + n as u64);
@@ -165,10 +165,12 @@ impl Fs {
         for h in writers {
             let mut f = h.file.lock().await;
             // A failure is the writer's to report, at its next write, flush or close.
-            if f.flush_for_reader().await {
-                h.unpublished.store(0, Ordering::Relaxed);
-            }
+            let flushed = f.flush_for_reader().await;
+            // As in `Fs::flushed`: the change counted before the unpublished size goes.
             self.settle(&mut f);
+            if flushed {
+                h.unpublished.store(0, Ordering::Release);
+            }
         }
     }
 

@@ -25,6 +25,7 @@ impl Fs {
             let r = async {
                 let dir = fs.client.getattr(ino.0).await?;
                 let (since, changes) = (fs.since(), fs.dir_changes.load(Ordering::SeqCst));
+                let file_changes = fs.file_changes.load(Ordering::SeqCst);
                 let entries = fs.client.readdir_all(ino.0).await?;
                 let mut list = Vec::with_capacity(entries.len() + 2);
                 list.push((b".".to_vec(), dir.ino, FileType::Directory, None));
@@ -40,6 +41,7 @@ impl Fs {
                     at: Instant::now(),
                     since,
                     changes,
+                    file_changes,
                 };
                 Ok::<_, Error>(list)
             }
@@ -73,6 +75,11 @@ impl Fs {
     /// servers' promise on them holds (no notice, and no change made here, since the
     /// listing): a run of such entries is then answered leased (`Fs::reply_listed`). Others
     /// are fetched in parallel, a batch at a time (`Fs::reply_fetched`).
+    ///
+    /// None came with the listing once this mount published a size since it was asked for
+    /// (`Fs::files_unchanged`): the kernel takes a readdirplus's attributes over the size its
+    /// own writes gave a file if the request was made after those writes, as this one may
+    /// have been (a file written and closed while `ls` ran).
     pub(crate) fn readdirplus(
         self: &Arc<Self>,
         s: Settled,
@@ -80,15 +87,18 @@ impl Fs {
         offset: u64,
         reply: ReplyDirectoryPlus,
     ) {
-        let unchanged = list.changes == self.dir_changes.load(Ordering::SeqCst);
-        let listed = self
-            .policy
-            .listed(unchanged, list.since, self.since(), list.at.elapsed());
-        let (leasable, fresh) = (listed.leasable, listed.fresh);
         let start = (offset as usize).min(list.entries.len());
         self.spawn(s, move |fs| async move {
+            let files = fs.files_unchanged(&list);
+            let unchanged = files && list.changes == fs.dir_changes.load(Ordering::SeqCst);
+            let listed = fs
+                .policy
+                .listed(unchanged, list.since, fs.since(), list.at.elapsed());
+            let (leasable, fresh) = (listed.leasable, files && listed.fresh);
             if leasable && list.ready(start, fresh) {
-                fs.reply_listed(&list, start, reply);
+                if let Some(reply) = fs.reply_listed(&list, start, reply) {
+                    fs.reply_fetched(&list, start, false, false, reply).await;
+                }
             } else {
                 fs.reply_fetched(&list, start, fresh, leasable, reply).await;
             }
@@ -112,8 +122,14 @@ impl Fs {
     }
 
     /// readdirplus from `start` over the entries whose attributes came with the listing, up to
-    /// the first without: names and attributes leased if the promise holds.
-    fn reply_listed(&self, list: &Listing, start: usize, mut reply: ReplyDirectoryPlus) {
+    /// the first without: names and attributes leased if the promise holds. The reply back,
+    /// unanswered, if this mount published a size while the attributes were taken.
+    fn reply_listed(
+        &self,
+        list: &Listing,
+        start: usize,
+        mut reply: ReplyDirectoryPlus,
+    ) -> Option<ReplyDirectoryPlus> {
         let run = &list.entries[start..];
         let run = &run[..(0..run.len())
             .find(|&k| !list.ready(start + k, true))
@@ -127,15 +143,22 @@ impl Fs {
         };
         let gate = self.grant(list.since, keys);
         let ttl = self.policy.ttl(gate.is_some());
-        for (k, (name, ino, _, listed)) in run.iter().enumerate() {
-            let attr = self.listed_attr(*ino, listed.as_ref());
+        let attrs: Vec<FileAttr> = (run.iter())
+            .map(|(_, ino, _, listed)| self.listed_attr(*ino, listed.as_ref()))
+            .collect();
+        // After the attributes: a flush seen in them (its unpublished size gone) is counted.
+        if !self.files_unchanged(list) {
+            return Some(reply);
+        }
+        for (k, ((name, ino, _, _), attr)) in run.iter().zip(&attrs).enumerate() {
             let (off, name) = ((start + k + 1) as u64, OsStr::from_bytes(name));
-            if reply.add(INodeNo(*ino), off, name, ttl, &attr, Generation(0)) {
+            if reply.add(INodeNo(*ino), off, name, ttl, attr, Generation(0)) {
                 break;
             }
         }
         reply.ok();
         drop(gate);
+        None
     }
 
     /// readdirplus from `start`, fetching the attributes that are not at hand in parallel, a
@@ -152,6 +175,7 @@ impl Fs {
         const BATCH: usize = 32;
         let entries = &list.entries;
         let ttl = self.policy.ttl(false);
+        let (mut fresh, mut leasable) = (fresh, leasable);
         let mut next = start;
         while next < entries.len() {
             let batch = &entries[next..entries.len().min(next + BATCH)];
@@ -166,6 +190,11 @@ impl Fs {
                 },
             ))
             .await;
+            if fresh && !self.files_unchanged(list) {
+                // As in `reply_listed`: the batch again, every attribute asked for.
+                (fresh, leasable) = (false, false);
+                continue;
+            }
             for (k, ((name, ino, _, _), attr)) in batch.iter().zip(attrs).enumerate() {
                 let Some(attr) = attr else { continue };
                 let (off, name) = ((next + k + 1) as u64, OsStr::from_bytes(name));

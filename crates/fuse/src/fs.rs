@@ -48,6 +48,8 @@ pub(crate) struct Fs {
     pub(crate) close_gate: tokio::sync::Mutex<()>,
     /// Namespace changes made through this mount (`dir_changed`).
     pub(crate) dir_changes: AtomicU64,
+    /// Sizes and data this mount published or cut (`Fs::changed`).
+    pub(crate) file_changes: AtomicU64,
     /// Requests being served on a FUSE worker rather than handed to the runtime.
     pub(crate) inline: AtomicUsize,
     /// Set once the session runs; drops the kernel's cached attributes at open.
@@ -69,6 +71,9 @@ pub(crate) struct Listing {
     /// `Fs::dir_changes` before it was asked for: the servers do not tell this mount of its
     /// own changes.
     pub(crate) changes: u64,
+    /// `Fs::file_changes` before it was asked for: the attributes that came with it may
+    /// predate a size this mount published since.
+    pub(crate) file_changes: u64,
 }
 
 impl Listing {
@@ -133,7 +138,8 @@ impl Fs {
     /// Attributes with the size that unpublished writes through this mount's handles made.
     pub(crate) fn local(&self, mut i: Inode) -> Inode {
         for f in self.files().of(i.ino) {
-            i.size = i.size.max(f.unpublished.load(Ordering::Relaxed));
+            // Acquire: one that reads a flush's 0 also sees its `file_changes`.
+            i.size = i.size.max(f.unpublished.load(Ordering::Acquire));
         }
         i
     }
@@ -327,7 +333,15 @@ impl Fs {
 
     /// This mount changed `i` (its writes also went to the kernel's pages).
     pub(crate) fn changed(&self, i: &Inode) {
+        self.file_changes.fetch_add(1, Ordering::SeqCst);
         self.pages().changed(i.ino, i.change);
+    }
+
+    /// Did this mount publish or cut no file since `list` was asked for? Else the attributes
+    /// that came with it may hold a size older than a request asked after that publish, which
+    /// the kernel would take over the size its writes gave the file.
+    pub(crate) fn files_unchanged(&self, list: &Listing) -> bool {
+        list.file_changes == self.file_changes.load(Ordering::SeqCst)
     }
 
     /// What a handle's last publish or truncate did to its file.

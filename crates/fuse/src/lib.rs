@@ -132,6 +132,7 @@ pub fn mount(
         closing: Mutex::default(),
         close_gate: tokio::sync::Mutex::new(()),
         dir_changes: AtomicU64::new(0),
+        file_changes: AtomicU64::new(0),
         inline: AtomicUsize::new(0),
         notifier,
         leases,

@@ -247,8 +247,10 @@ impl Fs {
         mut reply: ReplyEmpty,
     ) {
         reply.servers(f.asked() - asked);
+        // In this order, Release: a listing's attributes are not taken without this size
+        // once the unpublished size is gone (`Fs::files_unchanged`).
         self.settle(&mut f);
-        h.unpublished.store(0, Ordering::Relaxed);
+        h.unpublished.store(0, Ordering::Release);
         let size = f.len();
         drop(f);
         let failed = r.is_err();
