@@ -231,6 +231,48 @@ fn a_file_created_ahead_is_on_the_servers_when_its_close_returns() -> Result<()>
     Ok(())
 }
 
+/// Files written and closed while other processes list their directory (`ls`: readdirplus
+/// from a listing taken before the close) read back whole right after, from another process:
+/// a listing's attributes must not give the kernel a size older than the close published.
+#[test]
+fn a_file_written_while_its_directory_is_listed_reads_back_whole() -> Result<()> {
+    let cluster = Cluster::start(&ClusterSpec::default())?;
+    let base = tempfile_dir()?.join("listed");
+    let m = cluster.mount(&base.join("m"), &[])?;
+    let scratch = base.join("scratch");
+    fs::create_dir_all(&scratch)?;
+    fs::create_dir(m.dir.join("stress"))?;
+    let script = format!(
+        "cd {mnt}
+         for p in $(seq 1 6); do
+           ( for i in $(seq 1 60); do
+               head -c $((i * 3001)) /dev/urandom > {s}/$p
+               cp {s}/$p stress/$p-$i
+               cmp {s}/$p stress/$p-$i || exit 1
+               ls stress > /dev/null
+             done ) &
+         done
+         fails=0
+         for j in $(jobs -p); do wait $j || fails=$((fails + 1)); done
+         test $fails = 0",
+        mnt = m.dir.display(),
+        s = scratch.display()
+    );
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "a copy read back short: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fs::read_dir(m.dir.join("stress"))?.count(), 360);
+    drop(m);
+    fs::remove_dir_all(&base).ok();
+    Ok(())
+}
+
 /// Ctrl-C on a mount that still has a file open (SIGINT; SIGTERM is handled the same way): the
 /// directory leaves the namespace at once, the open file is still served until it is closed,
 /// and then the process ends by itself. A second Ctrl-C ends it at once. Neither leaves a dead
