@@ -249,9 +249,8 @@ async fn feed(w: &mut Collective, key: Option<&KeySpec>) -> Result<()> {
         let chunk = input.next().await?;
         if chunk.is_empty() {
             if !carry.is_empty() {
-                if carry.last() != Some(&b'\n') {
-                    carry.push(b'\n');
-                }
+                // A carried line has no newline yet.
+                carry.push(b'\n');
                 push_line(w, key, &carry, &mut k).await?;
             }
             return Ok(());
@@ -259,6 +258,9 @@ async fn feed(w: &mut Collective, key: Option<&KeySpec>) -> Result<()> {
         let mut rest = &chunk[..];
         if !carry.is_empty() {
             let Some(nl) = memchr::memchr(b'\n', rest) else {
+                if carry.len() + rest.len() > u32::MAX as usize {
+                    bail!("a line of 4 GiB or more on standard input");
+                }
                 carry.extend_from_slice(rest);
                 input.give_back(chunk);
                 continue;
